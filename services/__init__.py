@@ -1,0 +1,1 @@
+"""Nexus services: router, compiler, engine, and the code they share (``services.common``)."""

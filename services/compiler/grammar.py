@@ -1,0 +1,51 @@
+"""GBNF grammar for a tool's arguments, compiled from its JSON Schema by llama-cpp-python's
+``json_schema_to_gbnf``. Schemas it cannot express fall back to a generic JSON-object grammar
+(the output is then validated against the schema after the fact, and the fallback is counted)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from services.common.tools import Tool
+
+log = logging.getLogger("nexus.compiler.grammar")
+
+# Any JSON object: what the fallback grammar admits.
+OBJECT_GBNF = r"""
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws     ::= | " " | "\n" [ \t]{0,20}
+"""
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    text: str
+    fallback: bool
+    reason: str = ""
+
+
+def _schema_for_grammar(tool: Tool) -> dict:
+    schema = dict(tool.input_schema)
+    schema.setdefault("type", "object")
+    # Drop keywords that only document (they change nothing the grammar can enforce).
+    for k in ("$schema", "title", "description", "examples"):
+        schema.pop(k, None)
+    return schema
+
+
+def compile_grammar(tool: Tool) -> CompiledGrammar:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        text = json_schema_to_gbnf(json.dumps(_schema_for_grammar(tool)))
+        return CompiledGrammar(text=text, fallback=False)
+    except Exception as e:  # noqa: BLE001 - the converter raises assorted errors on exotic schemas
+        log.warning("grammar fallback", extra={"tool": tool.name, "error": repr(e)})
+        return CompiledGrammar(text=OBJECT_GBNF.strip() + "\n", fallback=True, reason=repr(e)[:200])

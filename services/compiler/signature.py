@@ -1,0 +1,84 @@
+"""The compact typed signature ("IR") of a tool that the engine generates arguments over.
+
+``create_pull_request(owner: str, repo: str, title: str, head: str, base: str, body?: str, draft?: bool)``
+followed by the first words of the description. Optional parameters carry ``?``, enums are inlined
+(``state?: "open"|"closed"``), nested objects are flattened one level, arrays read ``T[]``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from services.common.tools import Tool
+
+IR_VERSION = "nexus-ir-v1"
+
+_TYPE_NAMES = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}
+MAX_ENUM = 6
+MAX_DESC_WORDS = 12
+
+
+def _resolve(schema: Any, root: dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        return {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/") and depth < 8:
+        node: Any = root
+        for part in ref[2:].split("/"):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        return _resolve(node, root, depth + 1)
+    return schema
+
+
+def type_hint(schema: Any, root: dict[str, Any], depth: int = 0) -> str:
+    """A short type for a JSON Schema node."""
+    s = _resolve(schema, root)
+    if "enum" in s and isinstance(s["enum"], list):
+        vals = [v for v in s["enum"] if isinstance(v, (str, int, float, bool))]
+        shown = "|".join(f'"{v}"' if isinstance(v, str) else str(v).lower() for v in vals[:MAX_ENUM])
+        return shown + ("|…" if len(vals) > MAX_ENUM else "") if shown else "any"
+    if "const" in s:
+        return repr(s["const"])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(s.get(key), list):
+            parts = [type_hint(x, root, depth + 1) for x in s[key]]
+            parts = [p for p in dict.fromkeys(parts) if p != "null"]
+            return "|".join(parts) or "any"
+    t = s.get("type")
+    if isinstance(t, list):
+        parts = [_TYPE_NAMES.get(x, str(x)) for x in t if x != "null"]
+        return "|".join(parts) or "any"
+    if t == "array":
+        return f"{type_hint(s.get('items', {}), root, depth + 1)}[]"
+    if t == "object" or "properties" in s:
+        props = s.get("properties")
+        if isinstance(props, dict) and props and depth < 1:
+            req = set(s.get("required", []) or [])
+            inner = ", ".join(f"{k}{'' if k in req else '?'}: {type_hint(v, root, depth + 1)}" for k, v in props.items())
+            return "{" + inner + "}"
+        return "obj"
+    return _TYPE_NAMES.get(t, "any") if isinstance(t, str) else "any"
+
+
+def short_description(text: str, max_words: int = MAX_DESC_WORDS) -> str:
+    """First sentence of a description, at most ``max_words`` words."""
+    text = re.sub(r"\s+", " ", text or "").strip()
+    first = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    words = first.split(" ")
+    out = " ".join(words[:max_words]).rstrip(".")
+    return out + ("…" if len(words) > max_words else "")
+
+
+def signature(tool: Tool, with_description: bool = True) -> str:
+    """The tool's compact signature text."""
+    schema = tool.input_schema
+    props = schema.get("properties", {}) or {}
+    req = set(schema.get("required", []) or [])
+    # required parameters first, each group in schema order
+    ordered = [k for k in props if k in req] + [k for k in props if k not in req]
+    params = ", ".join(f"{k}{'' if k in req else '?'}: {type_hint(props[k], schema)}" for k in ordered)
+    sig = f"{tool.name}({params})"
+    if with_description and tool.description:
+        sig += f" - {short_description(tool.description)}"
+    return sig

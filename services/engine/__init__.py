@@ -1,0 +1,1 @@
+"""Engine service: one llama.cpp context per host; streams grammar-constrained tool arguments."""

@@ -1,0 +1,78 @@
+"""Prompt assembly: system + signature + pruned conversation window + query, in the model's chat template."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SYSTEM = (
+    "You fill in the arguments of a tool call. Reply with one JSON object of arguments for the tool below. "
+    "Copy values exactly as the user wrote them; leave out optional arguments the user did not give.\n"
+    "Tool: {signature}"
+)
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Turn:
+    role: str
+    content: str
+
+
+def surrogate(content: str, limit: int) -> str:
+    """A short stand-in for a bulky tool payload: its kind and size, and its first characters."""
+    text = content.strip()
+    if len(text) <= limit:
+        return text
+    kind = "text"
+    try:
+        parsed = json.loads(text)
+        kind = f"JSON {type(parsed).__name__}" + (f" with {len(parsed)} items" if isinstance(parsed, (list, dict)) else "")
+    except ValueError:
+        pass
+    return f"[tool output: {kind}, {len(text)} chars] {text[: limit // 2]}…"
+
+
+def prune_history(history: Sequence[Turn], max_turns: int, turn_chars: int) -> list[Turn]:
+    """Recent turns verbatim (cut to ``turn_chars``), tool payloads replaced by surrogates."""
+    out: list[Turn] = []
+    for t in list(history)[-max_turns:] if max_turns > 0 else []:
+        role = t.role if t.role in ("user", "assistant") else "tool"
+        if role == "tool":
+            out.append(Turn("user", "Tool result: " + surrogate(t.content, turn_chars // 2)))
+        else:
+            text = t.content if len(t.content) <= turn_chars else t.content[:turn_chars] + "…"
+            out.append(Turn(role, text))
+    return out
+
+
+def build_messages(signature: str, query: str, history: Sequence[Turn]) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": SYSTEM.format(signature=signature)}]
+    msgs += [{"role": t.role, "content": t.content} for t in history]
+    msgs.append({"role": "user", "content": query})
+    return msgs
+
+
+class ChatTemplate:
+    """Renders messages with the model's own Jinja chat template (GGUF metadata), ChatML otherwise."""
+
+    def __init__(self, template: str | None, bos: str = "", eos: str = ""):
+        import jinja2
+        import jinja2.sandbox
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        self.source = template or CHATML
+        self._tpl = env.from_string(self.source)
+        self.bos, self.eos = bos, eos
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        def raise_exception(msg: str):
+            raise ValueError(msg)
+
+        return self._tpl.render(messages=messages, add_generation_prompt=True, bos_token=self.bos,
+                                eos_token=self.eos, raise_exception=raise_exception)

@@ -1,0 +1,36 @@
+"""Engine server bootstrap: ``python -m services.engine`` or ``nexus serve engine``."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nexus.v1 import engine_pb2_grpc
+from services.common.server import Registration, serve
+from services.common.store import open_store
+from services.engine.config import EngineConfig
+from services.engine.engine import Engine
+from services.engine.servicer import EngineServicer
+
+
+async def run(config: EngineConfig, *, ready=None, stop_event: asyncio.Event | None = None) -> None:
+    store = open_store(config.store_url)
+    engine = await asyncio.to_thread(Engine, config, store)
+
+    async def warmup() -> None:
+        def _warm() -> None:
+            with engine.lock:
+                engine.llm.reset()
+                engine.llm.eval(engine.llm.tokenize(b"warm up", add_bos=True))
+                engine.llm.reset()
+
+        await asyncio.to_thread(_warm)
+
+    async def on_stop() -> None:
+        store.close()
+
+    await serve(
+        [Registration(engine_pb2_grpc.add_EngineServiceServicer_to_server, EngineServicer(engine),
+                      "nexus.v1.EngineService")],
+        host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
+        warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
+    )

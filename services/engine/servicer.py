@@ -1,0 +1,63 @@
+"""EngineService gRPC adapter: runs the blocking generation in a worker thread and streams its events."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from nexus.v1 import engine_pb2, engine_pb2_grpc
+from services.engine.engine import PATH_SPLICE, Engine, Result, Token
+from services.engine.prompt import Turn
+
+_PATH_TO_PB = {"text": engine_pb2.PREFILL_PATH_TEXT, PATH_SPLICE: engine_pb2.PREFILL_PATH_SPLICE}
+_DONE = object()
+
+
+def result_to_pb(r: Result) -> engine_pb2.GenerateResult:
+    return engine_pb2.GenerateResult(
+        tool=r.tool, arguments_json=r.arguments_json,
+        timings=engine_pb2.Timings(first_token_ms=r.first_token_ms, first_arg_token_ms=r.first_arg_token_ms,
+                                   total_ms=r.total_ms, prefill_ms=r.prefill_ms),
+        prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+        path=_PATH_TO_PB.get(r.path, engine_pb2.PREFILL_PATH_UNSPECIFIED), path_reason=r.path_reason,
+        schema_valid=r.schema_valid,
+    )
+
+
+class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    async def Generate(self, request, context):
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+        history = [Turn(t.role, t.content) for t in request.history]
+        max_tokens = request.max_tokens if request.HasField("max_tokens") else None
+
+        def work() -> None:
+            try:
+                for ev in self.engine.generate(request.query, request.tool, history, max_tokens):
+                    loop.call_soon_threadsafe(queue.put_nowait, ev)
+                    if cancelled.is_set():  # client went away: stop sampling, free the context
+                        break
+            except BaseException as e:  # noqa: BLE001 - re-raised in the handler
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+        worker = loop.run_in_executor(None, work)
+        try:
+            while True:
+                ev = await queue.get()
+                if ev is _DONE:
+                    break
+                if isinstance(ev, BaseException):
+                    raise ev
+                if isinstance(ev, Token):
+                    yield engine_pb2.GenerateResponse(token=ev.text)
+                elif isinstance(ev, Result):
+                    yield engine_pb2.GenerateResponse(result=result_to_pb(ev))
+        finally:
+            cancelled.set()
+            await worker

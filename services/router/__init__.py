@@ -1,0 +1,1 @@
+"""Router service: query -> embedding -> SLB scan -> margin gate -> (cross-encoder) -> tool."""

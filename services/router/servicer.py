@@ -1,0 +1,49 @@
+"""RouterService gRPC adapter: protobuf in, domain call, protobuf out."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nexus.v1 import router_pb2, router_pb2_grpc
+from services.common.clients import AsyncCompilerClient
+from services.common.convert import turns_from_pb
+from services.common.tools import Tool
+from services.router.router import Router
+
+
+class RouterServicer(router_pb2_grpc.RouterServiceServicer):
+    def __init__(self, router: Router, compiler: AsyncCompilerClient):
+        self.router = router
+        self.compiler = compiler
+
+    async def Route(self, request, context):
+        top_k = request.top_k if request.HasField("top_k") else None
+        decision = await asyncio.to_thread(self.router.route, request.query, turns_from_pb(request.history), top_k)
+        return router_pb2.RouteResponse(
+            tool=decision.tool,
+            score=decision.score,
+            margin=decision.margin,
+            escalated=decision.escalated,
+            candidates=[router_pb2.Candidate(tool=n, score=s) for n, s in decision.candidates],
+            route_ms=decision.route_ms,
+            registry_version=decision.registry_version,
+        )
+
+    async def RegisterTools(self, request, context):
+        async def compile_fn(tool: Tool) -> None:
+            await self.compiler.compile(tool)
+
+        names, version, total = await self.router.register(list(request.tools), compile_fn)
+        return router_pb2.RegisterToolsResponse(names=names, registry_version=version, total=total)
+
+    async def RemoveTools(self, request, context):
+        removed, missing, version = await self.router.remove(list(request.names))
+        return router_pb2.RemoveToolsResponse(removed=removed, missing=missing, registry_version=version)
+
+    async def ListTools(self, request, context):
+        entries, version = self.router.list(request.name_prefix)
+        return router_pb2.ListToolsResponse(
+            tools=[router_pb2.ToolInfo(name=e.tool.name, description=e.tool.description,
+                                       schema_hash=e.tool.schema_hash, signature=e.signature) for e in entries],
+            registry_version=version,
+        )

@@ -1,0 +1,51 @@
+from dataclasses import dataclass
+
+import pytest
+
+from services.common.config import ConfigError, load_config
+from services.router.config import RouterConfig
+
+
+@dataclass(frozen=True)
+class Demo:
+    port: int = 1
+    name: str = "a"
+    ratio: float = 0.5
+    on: bool = False
+    tags: tuple[str, ...] = ()
+
+
+def test_defaults_then_file_then_env_then_overrides(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('port = 2\nname = "file"\n')
+    cfg = load_config(Demo, prefix="NEXUS_DEMO_", file=f, env={"NEXUS_DEMO_NAME": "env", "NEXUS_DEMO_ON": "true"},
+                      overrides={"ratio": 0.25, "port": None})
+    assert cfg == Demo(port=2, name="env", ratio=0.25, on=True)
+
+
+def test_tuple_from_env():
+    cfg = load_config(Demo, prefix="NEXUS_DEMO_", env={"NEXUS_DEMO_TAGS": "a, b"})
+    assert cfg.tags == ("a", "b")
+
+
+def test_unknown_file_key_is_fatal(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("prot = 2\n")
+    with pytest.raises(ConfigError, match="prot"):
+        load_config(Demo, prefix="NEXUS_DEMO_", file=f, env={})
+
+
+def test_unknown_env_key_is_fatal():
+    with pytest.raises(ConfigError, match="NEXUS_DEMO_PROT"):
+        load_config(Demo, prefix="NEXUS_DEMO_", env={"NEXUS_DEMO_PROT": "2"})
+
+
+def test_bad_type_names_the_key():
+    with pytest.raises(ConfigError, match="port"):
+        load_config(Demo, prefix="NEXUS_DEMO_", env={"NEXUS_DEMO_PORT": "eighty"})
+
+
+def test_config_is_frozen():
+    cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={})
+    with pytest.raises(AttributeError):
+        cfg.port = 1  # type: ignore[misc]

@@ -1,0 +1,47 @@
+from services.common.tools import parse_tool
+from services.compiler.signature import short_description, signature
+
+
+def _tool(props, required=(), desc="Create a new pull request in a GitHub repository. More text."):
+    return parse_tool({"name": "create_pull_request", "description": desc,
+                       "inputSchema": {"type": "object", "properties": props, "required": list(required)}})
+
+
+def test_required_first_optional_marked_types_short():
+    t = _tool({"draft": {"type": "boolean"}, "owner": {"type": "string"}, "count": {"type": "integer"}},
+              required=["owner"])
+    assert signature(t, with_description=False) == "create_pull_request(owner: str, draft?: bool, count?: int)"
+
+
+def test_enums_inline_and_arrays_and_nested_objects():
+    t = _tool({
+        "state": {"type": "string", "enum": ["open", "closed"]},
+        "labels": {"type": "array", "items": {"type": "string"}},
+        "target": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    })
+    sig = signature(t, with_description=False)
+    assert 'state?: "open"|"closed"' in sig
+    assert "labels?: str[]" in sig
+    assert "target?: {path: str}" in sig
+
+
+def test_refs_are_resolved():
+    t = parse_tool({"name": "x", "description": "", "inputSchema": {
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "integer"}}}})
+    assert signature(t) == "x(p?: int)"
+
+
+def test_description_is_first_sentence_truncated():
+    assert short_description("Create a new pull request in a GitHub repository. More text.") == \
+        "Create a new pull request in a GitHub repository"
+    long = " ".join(["word"] * 40)
+    assert short_description(long).endswith("…")
+    assert len(short_description(long).split()) == 12
+
+
+def test_every_registry_tool_has_a_signature_naming_all_required_params(all_tools):
+    for t in all_tools:
+        sig = signature(t)
+        assert sig.startswith(t.name + "(")
+        for req in t.input_schema.get("required", []) or []:
+            assert f"{req}:" in sig, (t.name, req)

@@ -1,0 +1,83 @@
+"""`nexus up` as a user runs it: three processes, the full 338-tool registry, then the README's grpcurl lines."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, TOOLS_DIR, free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def nexus_up(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("up")
+    ports = {s: free_port() for s in ("router", "compiler", "engine")}
+    cmd = [sys.executable, "-m", "services.cli", "up", "--tools", str(TOOLS_DIR), "--store", str(tmp / "store"),
+           "--log-dir", str(tmp / "log")] + [f"--{s}-port={p}" for s, p in ports.items()]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    banner = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                raise AssertionError(f"nexus up exited {proc.returncode}: {proc.stderr.read()[-3000:]}")
+            continue
+        banner.append(line)
+        if "Ctrl-C stops the cluster" in line:
+            break
+    else:
+        proc.kill()
+        raise AssertionError("nexus up did not come up in time")
+    yield ports, "".join(banner), proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+def test_banner_prints_grpcurl_lines(nexus_up):
+    ports, banner, _ = nexus_up
+    assert f"127.0.0.1:{ports['router']} nexus.v1.RouterService/Route" in banner
+    assert "nexus.v1.EngineService/Generate" in banner
+
+
+def test_full_registry_routes_and_generates(nexus_up, grpcurl):
+    ports, banner, _ = nexus_up
+    # Run the exact Route line the banner prints.
+    route_line = next(ln for ln in banner.splitlines() if "RouterService/Route" in ln).strip()
+    args = json.loads(route_line.split("-d '", 1)[1].split("'", 1)[0])
+    out = subprocess.run([grpcurl, "-plaintext", "-d", json.dumps(args), f"127.0.0.1:{ports['router']}",
+                          "nexus.v1.RouterService/Route"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    route = json.loads(out.stdout)
+    assert "pull_request" in route["tool"], route
+    gen = subprocess.run([grpcurl, "-plaintext", "-d", json.dumps({"query": args["query"], "tool": route["tool"]}),
+                          f"127.0.0.1:{ports['engine']}", "nexus.v1.EngineService/Generate"],
+                         capture_output=True, text=True, timeout=120)
+    assert gen.returncode == 0, gen.stderr
+    last = json.loads("{" + gen.stdout.rsplit("\n{", 1)[-1])
+    json.loads(last["result"]["argumentsJson"])
+    assert last["result"]["schemaValid"]
+    listed = subprocess.run([grpcurl, "-plaintext", f"127.0.0.1:{ports['router']}", "nexus.v1.RouterService/ListTools"],
+                            capture_output=True, text=True, timeout=60)
+    assert len(json.loads(listed.stdout)["tools"]) == 338
+
+
+def test_sigint_stops_every_service(nexus_up):
+    """Runs last: Ctrl-C stops the cluster gracefully and frees every port."""
+    import socket
+
+    ports, _, proc = nexus_up
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 0
+    for port in ports.values():
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"

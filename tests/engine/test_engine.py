@@ -1,0 +1,76 @@
+"""The engine domain with the real SmolLM2 model: grammar-constrained, schema-valid, deterministic."""
+
+import json
+import threading
+
+import jsonschema
+import pytest
+
+from services.common.errors import InvalidArgument, ToolNotFound
+from services.common.store import LocalStore
+from services.engine.config import EngineConfig
+from services.engine.engine import Engine, Result, Token
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, small_tools):
+    store = LocalStore(tmp_path_factory.mktemp("estore"))
+    store.registry_put(small_tools)
+    return Engine(EngineConfig(store_url=str(store.root)), store)
+
+
+def run(engine, query, tool, **kw):
+    events = list(engine.generate(query, tool, **kw))
+    tokens = [e.text for e in events if isinstance(e, Token)]
+    (result,) = [e for e in events if isinstance(e, Result)]
+    return tokens, result
+
+
+@pytest.mark.parametrize(
+    "query, tool",
+    [
+        ("open a pull request from feature-x into main in octo/demo", "github_create_pull_request"),
+        ("What time is it in Tokyo right now?", "get_current_time"),
+        ("show the git status of /home/me/repo", "git_status"),
+    ],
+)
+def test_arguments_stream_and_validate_against_schema(engine, query, tool):
+    tokens, result = run(engine, query, tool)
+    assert tokens and "".join(tokens).strip() == result.arguments_json
+    args = json.loads(result.arguments_json)
+    jsonschema.validate(args, engine.store.registry_get(tool).input_schema)
+    assert result.schema_valid
+    assert result.path == "text" and result.prompt_tokens > 10
+    assert 0 < result.first_token_ms <= result.first_arg_token_ms <= result.total_ms
+
+
+def test_stated_values_are_copied(engine):
+    _, result = run(engine, "show the git status of /home/me/repo", "git_status")
+    assert json.loads(result.arguments_json).get("repo_path") == "/home/me/repo"
+
+
+def test_unknown_tool_and_empty_query(engine):
+    with pytest.raises(ToolNotFound):
+        run(engine, "hi", "no_such_tool")
+    with pytest.raises(InvalidArgument):
+        run(engine, "   ", "git_status")
+    with pytest.raises(InvalidArgument):
+        run(engine, "x", "git_status", max_tokens=-1)
+
+
+def test_four_threads_give_bit_identical_outputs(engine):
+    """One coarse lock per turn: concurrent requests serialise and stay deterministic."""
+    jobs = [("open a pull request from feature-x into main in octo/demo", "github_create_pull_request"),
+            ("show the git status of /home/me/repo", "git_status")] * 2
+    expected = {q: run(engine, q, t)[1].arguments_json for q, t in jobs}
+    got: dict[int, str] = {}
+
+    def worker(i, q, t):
+        got[i] = run(engine, q, t)[1].arguments_json
+
+    threads = [threading.Thread(target=worker, args=(i, q, t)) for i, (q, t) in enumerate(jobs)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert [got[i] for i in range(len(jobs))] == [expected[q] for q, _ in jobs]
