@@ -19,7 +19,7 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native test test-unit test-integration test-e2e run lint clean bench eval
+.PHONY: help setup deps proto native stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -77,6 +77,14 @@ $(VENV)/.stamp-native: $(NATIVE_SRC) $(VENV)/.stamp-deps
 	@if [ -f native/pyproject.toml ]; then $(PIP) install -q --no-build-isolation ./native; fi
 	touch $@
 
+stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the descriptor set, into dist/
+	rm -rf build/stubs && mkdir -p build/stubs/python dist
+	cp -r nexus nexus_client clients/python/pyproject.toml build/stubs/python/
+	find build/stubs/python -name __pycache__ -prune -exec rm -rf {} + ; rm -f build/stubs/python/nexus/v1/.stamp
+	$(PIP) wheel -q --no-deps --no-build-isolation -w dist build/stubs/python
+	cp nexus/v1/descriptor.pb dist/nexus.v1.protoset
+	@ls -1 dist/nexus_client-*.whl dist/nexus.v1.protoset
+
 test: setup  ## unit + integration + quick end-to-end with the real model
 	$(PY) -m pytest -q tests
 
@@ -86,9 +94,17 @@ test-unit: setup
 run: setup  ## start router + compiler + engine on the embedded store with the default registry
 	$(VENV)/bin/nexus up --tools $(TOOLS)
 
+engine: setup  ## run the engine natively on this host (0.0.0.0:50053; config: NEXUS_ENGINE_* env)
+	NEXUS_ENGINE_HOST=$${NEXUS_ENGINE_HOST:-0.0.0.0} $(VENV)/bin/nexus serve engine
+
+engine-install: setup  ## install nexus-engine.service for this checkout (root; checkout outside /home,/root)
+	deploy/engine/install.sh --prefix $(CURDIR)
+
+compose-config:  ## validate deploy/docker-compose.yml (no Docker engine needed)
+	REDIS_PASSWORD=$${REDIS_PASSWORD:-check} docker-compose -f deploy/docker-compose.yml config -q
+
 lint:  ## ruff
-	$(VENV)/bin/ruff check services tests bench
-	$(VENV)/bin/ruff format --check services tests bench || true
+	$(VENV)/bin/ruff check services tests bench nexus_client examples deploy
 
 clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
 	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var

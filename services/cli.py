@@ -3,8 +3,10 @@
     nexus up [--tools DIR]                  start router + compiler + engine on the embedded store
     nexus serve router|compiler|engine      run one service (config: --config FILE, NEXUS_<SVC>_* env)
     nexus register --tools DIR              register a directory of MCP tool files
+    nexus ingest --mcp "CMD ARGS"           register the tools of a live MCP server (stdio)
     nexus route "QUERY"                     route a request
     nexus generate --tool NAME "QUERY"      stream the arguments for a tool call
+    nexus eval args|…                       evaluations (JSON report + PNG plot)
 """
 
 from __future__ import annotations
@@ -195,7 +197,7 @@ def cmd_route(args: argparse.Namespace) -> int:
 
     history = json.loads(args.history) if args.history else []
     with NexusClient(router=args.router) as client:
-        resp = client.route(args.query, history=history, top_k=args.top_k)
+        resp = client.route_pb(args.query, history=history, top_k=args.top_k)
     print(json.dumps(MessageToDict(resp), indent=2))
     return 0
 
@@ -242,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--router", default="127.0.0.1:50051")
     r.set_defaults(fn=cmd_register)
 
+    from services.ingest.cli import add_ingest_parser
+
+    add_ingest_parser(sub)
+
     q = sub.add_parser("route", help="route a request to a tool")
     q.add_argument("query")
     q.add_argument("--history", help="JSON list of {role, content}")
@@ -255,15 +261,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--history", help="JSON list of {role, content}")
     g.add_argument("--engine", default="127.0.0.1:50053")
     g.set_defaults(fn=cmd_generate)
+
+    e = sub.add_parser("eval", help="offline evaluations, each writing a JSON report and a PNG plot")
+    esub = e.add_subparsers(dest="eval_cmd", required=True)
+    from services.evals.args import add_args_eval_parser
+
+    add_args_eval_parser(esub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nexus_client import NexusClientError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
     except NexusError as e:
         print(f"nexus: {type(e).__name__}: {e.message}", file=sys.stderr)
+        return 2
+    except NexusClientError as e:
+        print(f"nexus: {e}", file=sys.stderr)
         return 2
 
 

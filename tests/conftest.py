@@ -151,21 +151,22 @@ def start_compiler(store_url: str) -> ServerThread:
     from services.compiler.config import CompilerConfig
     from services.compiler.server import run
 
-    return ServerThread(run, CompilerConfig(port=0, store_url=store_url, grace_s=0.5)).start()
+    return ServerThread(run, CompilerConfig(port=0, store_url=store_url, grace_s=0.5, metrics_port=0)).start()
 
 
 def start_engine(store_url: str, **kw) -> ServerThread:
     from services.engine.config import EngineConfig
     from services.engine.server import run
 
-    return ServerThread(run, EngineConfig(port=0, store_url=store_url, grace_s=0.5, **kw)).start()
+    return ServerThread(run, EngineConfig(port=0, store_url=store_url, grace_s=0.5, metrics_port=0, **kw)).start()
 
 
 def start_router(store_url: str, compiler_addr: str, **kw) -> ServerThread:
     from services.router.config import RouterConfig
     from services.router.server import run
 
-    cfg = replace(RouterConfig(), port=0, store_url=store_url, compiler_addr=compiler_addr, grace_s=0.5, **kw)
+    cfg = replace(RouterConfig(), port=0, store_url=store_url, compiler_addr=compiler_addr, grace_s=0.5,
+                  metrics_port=0, **kw)
     return ServerThread(run, cfg).start()
 
 

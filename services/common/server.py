@@ -39,13 +39,23 @@ def request_id(context: grpc.aio.ServicerContext) -> str:
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps ``NexusError`` raised by servicers to its gRPC status; logs every call as one JSON line."""
+    """Maps ``NexusError`` raised by servicers to its gRPC status; logs every call as one JSON line and
+    counts it in ``nexus_rpc_total`` when given the service's ``Metrics``."""
+
+    def __init__(self, metrics=None):
+        self.metrics = metrics
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
+        metrics = self.metrics
+
+        def done(rid: str, t0: float, status: str, detail: str = "") -> None:
+            _log_call(method, rid, t0, status, detail)
+            if metrics is not None:
+                metrics.rpc_total.labels(metrics.service, method.rsplit("/", 1)[-1], status).inc()
         if handler.unary_unary:
             inner_uu = handler.unary_unary
 
@@ -53,10 +63,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 rid, t0 = request_id(context), time.perf_counter()
                 try:
                     resp = await inner_uu(request, context)
-                    _log_call(method, rid, t0, "OK")
+                    done(rid, t0, "OK")
                     return resp
                 except Exception as e:  # noqa: BLE001 - mapped below, never swallowed
-                    await _abort(context, method, rid, t0, e)
+                    await _abort(context, rid, t0, e, done)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
@@ -71,9 +81,9 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     async for item in inner_us(request, context):
                         yield item
-                    _log_call(method, rid, t0, "OK")
+                    done(rid, t0, "OK")
                 except Exception as e:  # noqa: BLE001
-                    await _abort(context, method, rid, t0, e)
+                    await _abort(context, rid, t0, e, done)
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream,
@@ -91,16 +101,16 @@ def _log_call(method: str, rid: str, t0: float, status: str, detail: str = "") -
     )
 
 
-async def _abort(context, method: str, rid: str, t0: float, e: Exception) -> None:
+async def _abort(context, rid: str, t0: float, e: Exception, done) -> None:
     if isinstance(e, grpc.aio.AbortError):
         raise e
     if isinstance(e, NexusError):
-        _log_call(method, rid, t0, e.code.name, e.message)
+        done(rid, t0, e.code.name, e.message)
         await context.abort(e.code, e.message)
     if isinstance(e, asyncio.CancelledError):
         raise e
-    log.exception("unexpected error in %s (request %s)", method, rid)
-    _log_call(method, rid, t0, "INTERNAL", repr(e))
+    log.exception("unexpected error (request %s)", rid)
+    done(rid, t0, "INTERNAL", repr(e))
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid}); see server log")
 
 
@@ -120,6 +130,7 @@ def build_server(
     port: int,
     max_message_bytes: int,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    metrics=None,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Build (not start) an aio server with health + reflection. Returns ``(server, bound_port, health)``.
 
@@ -129,7 +140,7 @@ def build_server(
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(), *interceptors], options=options)
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics), *interceptors], options=options)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [r.full_name for r in registrations]
@@ -160,10 +171,15 @@ async def serve(
     on_stop: Callable[[], Awaitable[None]] | None = None,
     ready: Callable[[int], None] | None = None,
     stop_event: asyncio.Event | None = None,
+    metrics=None,
+    metrics_port: int = 0,
 ) -> None:
     """Run a server until SIGTERM/SIGINT (or ``stop_event``): bind, start, warm up, mark SERVING,
     then on stop mark NOT_SERVING and ``await server.stop(grace_s)``."""
-    server, bound, health = build_server(registrations, host=host, port=port, max_message_bytes=max_message_bytes)
+    server, bound, health = build_server(registrations, host=host, port=port, max_message_bytes=max_message_bytes,
+                                         metrics=metrics)
+    if metrics is not None:
+        metrics.serve(metrics_port, host=host)
     names = [r.full_name for r in registrations]
     await set_health(health, names, serving=False)
     await server.start()
@@ -187,5 +203,7 @@ async def serve(
         log.info("stopping", extra={"grace_s": grace_s})
         await set_health(health, names, serving=False)
         await server.stop(grace_s)
+        if metrics is not None:
+            metrics.close()
         if on_stop is not None:
             await on_stop()

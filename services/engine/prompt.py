@@ -6,10 +6,18 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The system prompt and the worked examples are the same for every tool and every turn: they form a
+# constant prefix that stays in the KV cache across turns. The tool's signature and the request come last.
 SYSTEM = (
-    "You fill in the arguments of a tool call. Reply with one JSON object of arguments for the tool below. "
-    "Copy values exactly as the user wrote them; leave out optional arguments the user did not give.\n"
-    "Tool: {signature}"
+    "You turn a request into the JSON arguments of a function call. Copy each value exactly as the request "
+    "states it. Leave out arguments the request does not give."
+)
+EXAMPLES = (
+    ('Function: get_weather(city: str, units?: "c"|"f")\nRequest: How warm is it in Paris, in celsius?',
+     '{"city": "Paris", "units": "c"}'),
+    ("Function: create_issue(owner: str, repo: str, title: str, body?: str, labels?: str[])\n"
+     'Request: File a bug in acme-inc/web-shop titled "Login fails on Safari", label it bug.',
+     '{"owner": "acme-inc", "repo": "web-shop", "title": "Login fails on Safari", "labels": ["bug"]}'),
 )
 
 CHATML = (
@@ -51,11 +59,26 @@ def prune_history(history: Sequence[Turn], max_turns: int, turn_chars: int) -> l
     return out
 
 
-def build_messages(signature: str, query: str, history: Sequence[Turn]) -> list[dict[str, str]]:
-    msgs = [{"role": "system", "content": SYSTEM.format(signature=signature)}]
-    msgs += [{"role": t.role, "content": t.content} for t in history]
-    msgs.append({"role": "user", "content": query})
+def prefix_messages() -> list[dict[str, str]]:
+    """The constant head of every prompt: system + worked examples."""
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for q, a in EXAMPLES:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
     return msgs
+
+
+def request_text(tool_view: str, query: str, history: Sequence[Turn]) -> str:
+    """The final user turn: the pruned conversation window, the tool (its signature, or its whole schema in
+    the full-schema arm) and the request."""
+    parts = []
+    if history:
+        parts.append("Conversation so far:\n" + "\n".join(f"{t.role}: {t.content}" for t in history) + "\n")
+    parts.append(f"Function: {tool_view}\nRequest: {query}")
+    return "\n".join(parts)
+
+
+def build_messages(tool_view: str, query: str, history: Sequence[Turn]) -> list[dict[str, str]]:
+    return [*prefix_messages(), {"role": "user", "content": request_text(tool_view, query, history)}]
 
 
 class ChatTemplate:

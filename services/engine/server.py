@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from nexus.v1 import engine_pb2_grpc
+from services.common.metrics import Metrics
 from services.common.server import Registration, serve
 from services.common.store import open_store
 from services.engine.config import EngineConfig
@@ -15,6 +16,7 @@ from services.engine.servicer import EngineServicer
 async def run(config: EngineConfig, *, ready=None, stop_event: asyncio.Event | None = None) -> None:
     store = open_store(config.store_url)
     engine = await asyncio.to_thread(Engine, config, store)
+    metrics = Metrics("engine")
 
     async def warmup() -> None:
         def _warm() -> None:
@@ -29,8 +31,9 @@ async def run(config: EngineConfig, *, ready=None, stop_event: asyncio.Event | N
         store.close()
 
     await serve(
-        [Registration(engine_pb2_grpc.add_EngineServiceServicer_to_server, EngineServicer(engine),
+        [Registration(engine_pb2_grpc.add_EngineServiceServicer_to_server, EngineServicer(engine, metrics),
                       "nexus.v1.EngineService")],
         host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
         warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
+        metrics=metrics, metrics_port=config.metrics_port,
     )

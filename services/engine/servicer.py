@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 from nexus.v1 import engine_pb2, engine_pb2_grpc
+from services.common.metrics import Metrics
 from services.engine.engine import PATH_SPLICE, Engine, Result, Token
 from services.engine.prompt import Turn
 
@@ -25,8 +26,9 @@ def result_to_pb(r: Result) -> engine_pb2.GenerateResult:
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, metrics: Metrics | None = None):
         self.engine = engine
+        self.metrics = metrics or Metrics("engine")
 
     async def Generate(self, request, context):
         loop = asyncio.get_running_loop()
@@ -57,6 +59,11 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 if isinstance(ev, Token):
                     yield engine_pb2.GenerateResponse(token=ev.text)
                 elif isinstance(ev, Result):
+                    self.metrics.generate_path.labels(ev.path).inc()
+                    self.metrics.ttft_ms.observe(ev.first_token_ms)
+                    self.metrics.first_arg_ms.observe(ev.first_arg_token_ms)
+                    if ev.recompute_fraction is not None:
+                        self.metrics.recompute_fraction.observe(ev.recompute_fraction)
                     yield engine_pb2.GenerateResponse(result=result_to_pb(ev))
         finally:
             cancelled.set()

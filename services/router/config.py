@@ -27,4 +27,16 @@ class RouterConfig:
     registry_poll_s: float = 2.0
     compile_concurrency: int = 8
     compile_timeout_s: float = 60.0
+    # Prometheus /metrics HTTP port (0 disables the endpoint).
+    metrics_port: int = 9101
     log_level: str = "INFO"
+    # Trained gate model (query encoder + cross-encoder + tau), from `nexus train-gate` / `make models`.
+    # Missing or unreadable: routing is SLB-only over base embeddings and never escalates (logged).
+    gate_model_dir: str = "var/models/gate"
+    # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
+    torch_threads: int = 1
+    # Weight of exemplar keys (the gate model's training queries) in the SLB score; 0 = text keys only
+    # (measured best on held-out queries, reports/routing_experiments.md).
+    exemplar_weight: float = 0.0
+    # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
+    native_scan: bool = True

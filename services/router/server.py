@@ -10,6 +10,7 @@ from nexus.v1 import router_pb2_grpc
 from services.common.clients import AsyncCompilerClient
 from services.common.embedder import Embedder
 from services.common.errors import NexusError
+from services.common.metrics import Metrics
 from services.common.server import Registration, serve
 from services.common.store import open_store
 from services.router.config import RouterConfig
@@ -25,6 +26,7 @@ async def run(config: RouterConfig, *, ready=None, stop_event: asyncio.Event | N
     router = Router(config, store, embedder)
     compiler = AsyncCompilerClient(config.compiler_addr, timeout_s=config.compile_timeout_s)
     poller: asyncio.Task | None = None
+    metrics = Metrics("router")
 
     async def poll() -> None:
         # Replicas share the registry through the store: pick up other replicas' changes.
@@ -50,8 +52,9 @@ async def run(config: RouterConfig, *, ready=None, stop_event: asyncio.Event | N
         store.close()
 
     await serve(
-        [Registration(router_pb2_grpc.add_RouterServiceServicer_to_server, RouterServicer(router, compiler),
+        [Registration(router_pb2_grpc.add_RouterServiceServicer_to_server, RouterServicer(router, compiler, metrics),
                       "nexus.v1.RouterService")],
         host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
         warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
+        metrics=metrics, metrics_port=config.metrics_port,
     )

@@ -7,18 +7,24 @@ import asyncio
 from nexus.v1 import router_pb2, router_pb2_grpc
 from services.common.clients import AsyncCompilerClient
 from services.common.convert import turns_from_pb
+from services.common.metrics import Metrics
 from services.common.tools import Tool
 from services.router.router import Router
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
-    def __init__(self, router: Router, compiler: AsyncCompilerClient):
+    def __init__(self, router: Router, compiler: AsyncCompilerClient, metrics: Metrics | None = None):
         self.router = router
         self.compiler = compiler
+        self.metrics = metrics or Metrics("router")
 
     async def Route(self, request, context):
         top_k = request.top_k if request.HasField("top_k") else None
         decision = await asyncio.to_thread(self.router.route, request.query, turns_from_pb(request.history), top_k)
+        self.metrics.routes.inc()
+        self.metrics.route_ms.observe(decision.route_ms)
+        if decision.escalated:
+            self.metrics.gate_escalations.inc()
         return router_pb2.RouteResponse(
             tool=decision.tool,
             score=decision.score,

@@ -18,10 +18,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def nexus_up(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("up")
     ports = {s: free_port() for s in ("router", "compiler", "engine")}
+    mports = {s: free_port() for s in ports}
     cmd = [sys.executable, "-m", "services.cli", "up", "--tools", str(TOOLS_DIR), "--store", str(tmp / "store"),
            "--log-dir", str(tmp / "log")] + [f"--{s}-port={p}" for s, p in ports.items()]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                 **{f"NEXUS_{s.upper()}_METRICS_PORT": str(p) for s, p in mports.items()}})
     banner = []
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -36,6 +38,7 @@ def nexus_up(tmp_path_factory):
     else:
         proc.kill()
         raise AssertionError("nexus up did not come up in time")
+    ports["metrics"] = mports
     yield ports, "".join(banner), proc
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
@@ -70,6 +73,28 @@ def test_full_registry_routes_and_generates(nexus_up, grpcurl):
     assert len(json.loads(listed.stdout)["tools"]) == 338
 
 
+def test_prometheus_metrics_count_what_was_served(nexus_up):
+    import urllib.request
+
+    ports, _, _ = nexus_up
+    def scrape(svc):
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics'][svc]}/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def value(text, name):
+        line = next(ln for ln in text.splitlines() if ln.startswith(name + " ") or ln.startswith(name + "{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    router = scrape("router")
+    assert value(router, "nexus_route_latency_ms_count") >= 1
+    assert 'nexus_rpc_total{code="OK",method="RegisterTools",service="router"}' in router
+    engine = scrape("engine")
+    assert value(engine, "nexus_ttft_ms_count") >= 1
+    assert value(engine, 'nexus_generate_path_total{path="text"}') >= 1
+    compiler = scrape("compiler")
+    assert value(compiler, 'nexus_compiles_total{cached="false"}') >= 300
+
+
 def test_sigint_stops_every_service(nexus_up):
     """Runs last: Ctrl-C stops the cluster gracefully and frees every port."""
     import socket
@@ -78,6 +103,6 @@ def test_sigint_stops_every_service(nexus_up):
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
-    for port in ports.values():
+    for port in (ports["router"], ports["compiler"], ports["engine"]):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"

@@ -44,9 +44,20 @@ def test_arguments_stream_and_validate_against_schema(engine, query, tool):
     assert 0 < result.first_token_ms <= result.first_arg_token_ms <= result.total_ms
 
 
-def test_stated_values_are_copied(engine):
-    _, result = run(engine, "show the git status of /home/me/repo", "git_status")
-    assert json.loads(result.arguments_json).get("repo_path") == "/home/me/repo"
+def test_stated_values_are_mapped(engine):
+    # "Tokyo" must become the IANA name the schema asks for (the 135M default model gets this one right;
+    # argument accuracy over the whole query set is measured by `nexus eval args`, not asserted here).
+    _, result = run(engine, "What time is it in Tokyo right now?", "get_current_time")
+    assert json.loads(result.arguments_json).get("timezone") == "Asia/Tokyo"
+
+
+def test_runaway_generation_still_closes_valid_json(engine):
+    """Past max_tokens the closing bias winds the JSON down under the grammar: always parseable."""
+    _, result = run(engine, "open a pull request from feature-x into main in octo/demo",
+                    "github_create_pull_request", max_tokens=12)
+    args = json.loads(result.arguments_json)
+    assert result.schema_valid and {"owner", "repo", "base", "head", "title"} <= set(args)
+    assert result.completion_tokens > 12
 
 
 def test_unknown_tool_and_empty_query(engine):

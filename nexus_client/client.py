@@ -1,0 +1,184 @@
+"""A thin typed wrapper over the generated stubs: deadlines on every call, retries on UNAVAILABLE
+(gRPC retry policy, idempotent calls only), results as dataclasses, errors as ``NexusClientError``
+carrying the status code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from nexus.v1 import (
+    common_pb2,
+    compiler_pb2,
+    compiler_pb2_grpc,
+    engine_pb2,
+    engine_pb2_grpc,
+    router_pb2,
+    router_pb2_grpc,
+)
+
+_RETRY = {
+    "methodConfig": [{
+        "name": [{"service": "nexus.v1.RouterService", "method": "Route"},
+                 {"service": "nexus.v1.RouterService", "method": "ListTools"},
+                 {"service": "nexus.v1.CompilerService"}],
+        "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "2s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }]
+}
+_OPTIONS = [("grpc.enable_retries", 1), ("grpc.service_config", json.dumps(_RETRY)),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+
+
+class NexusClientError(Exception):
+    """A failed call: ``code`` is the ``grpc.StatusCode``, ``details`` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tool: str
+    score: float
+
+
+@dataclass(frozen=True)
+class RouteResult:
+    tool: str
+    score: float
+    margin: float
+    escalated: bool
+    candidates: list[Candidate]
+    route_ms: float
+    registry_version: int
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    tool: str
+    arguments: dict
+    arguments_json: str
+    first_token_ms: float
+    first_arg_token_ms: float
+    total_ms: float
+    prompt_tokens: int
+    completion_tokens: int
+    path: str
+    path_reason: str
+    schema_valid: bool
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    tool: str
+    schema_hash: str
+    signature: str
+    signature_tokens: int
+    artifacts: dict[str, str]  # kind name -> artifact id
+    cached: bool
+
+
+def _turns(history: Sequence[dict]) -> list[common_pb2.Turn]:
+    return [common_pb2.Turn(role=str(t.get("role", "")), content=str(t.get("content", ""))) for t in history]
+
+
+class NexusClient:
+    """Client of the three services; ``timeout_s`` is the default per-call deadline."""
+
+    def __init__(self, router: str = "127.0.0.1:50051", engine: str = "127.0.0.1:50053",
+                 compiler: str = "127.0.0.1:50052", timeout_s: float = 120.0,
+                 credentials: grpc.ChannelCredentials | None = None, token: str | None = None):
+        self.timeout_s = timeout_s
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+        def channel(addr: str) -> grpc.Channel:
+            if credentials is not None:
+                return grpc.secure_channel(addr, credentials, options=_OPTIONS)
+            return grpc.insecure_channel(addr, options=_OPTIONS)
+
+        self._channels = [channel(router), channel(engine), channel(compiler)]
+        self.router = router_pb2_grpc.RouterServiceStub(self._channels[0])
+        self.engine = engine_pb2_grpc.EngineServiceStub(self._channels[1])
+        self.compiler = compiler_pb2_grpc.CompilerServiceStub(self._channels[2])
+
+    def _call(self, fn, request, timeout_s: float | None):
+        try:
+            return fn(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise NexusClientError(e.code(), e.details() or "") from e
+
+    # -- router -------------------------------------------------------------------------------
+    def route_pb(self, query: str, history: Sequence[dict] = (), top_k: int | None = None,
+                 timeout_s: float | None = None) -> router_pb2.RouteResponse:
+        req = router_pb2.RouteRequest(query=query, history=_turns(history), top_k=top_k)
+        return self._call(self.router.Route, req, timeout_s)
+
+    def route(self, query: str, history: Sequence[dict] = (), top_k: int | None = None,
+              timeout_s: float | None = None) -> RouteResult:
+        r = self.route_pb(query, history, top_k, timeout_s)
+        return RouteResult(r.tool, r.score, r.margin, r.escalated, [Candidate(c.tool, c.score) for c in r.candidates],
+                           r.route_ms, r.registry_version)
+
+    def register(self, tools: Sequence[dict | str], timeout_s: float | None = None) -> router_pb2.RegisterToolsResponse:
+        raw = [t if isinstance(t, str) else json.dumps(t) for t in tools]
+        return self._call(self.router.RegisterTools, router_pb2.RegisterToolsRequest(tools=raw),
+                          timeout_s or max(self.timeout_s, 600.0))
+
+    def remove(self, names: Sequence[str], timeout_s: float | None = None) -> router_pb2.RemoveToolsResponse:
+        return self._call(self.router.RemoveTools, router_pb2.RemoveToolsRequest(names=list(names)), timeout_s)
+
+    def list_tools(self, prefix: str = "", timeout_s: float | None = None) -> router_pb2.ListToolsResponse:
+        return self._call(self.router.ListTools, router_pb2.ListToolsRequest(name_prefix=prefix), timeout_s)
+
+    # -- engine -------------------------------------------------------------------------------
+    def generate_stream(self, query: str, tool: str, history: Sequence[dict] = (), max_tokens: int | None = None,
+                        timeout_s: float | None = None) -> Iterator[engine_pb2.GenerateResponse]:
+        req = engine_pb2.GenerateRequest(query=query, tool=tool, history=_turns(history), max_tokens=max_tokens)
+        try:
+            yield from self.engine.Generate(req, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise NexusClientError(e.code(), e.details() or "") from e
+
+    def generate(self, query: str, tool: str, history: Sequence[dict] = (), max_tokens: int | None = None,
+                 timeout_s: float | None = None) -> GenerateResult:
+        final = None
+        for msg in self.generate_stream(query, tool, history, max_tokens, timeout_s):
+            if msg.HasField("result"):
+                final = msg.result
+        if final is None:
+            raise NexusClientError(grpc.StatusCode.UNKNOWN, "stream ended without a result")
+        try:
+            args = json.loads(final.arguments_json)
+        except ValueError:
+            args = {}
+        return GenerateResult(
+            final.tool, args, final.arguments_json, final.timings.first_token_ms, final.timings.first_arg_token_ms,
+            final.timings.total_ms, final.prompt_tokens, final.completion_tokens,
+            engine_pb2.PrefillPath.Name(final.path), final.path_reason, final.schema_valid,
+        )
+
+    # -- compiler -----------------------------------------------------------------------------
+    def compile(self, tool: dict | str, timeout_s: float | None = None) -> CompileResult:
+        raw = tool if isinstance(tool, str) else json.dumps(tool)
+        r = self._call(self.compiler.Compile, compiler_pb2.CompileRequest(tool=raw), timeout_s)
+        return CompileResult(r.tool, r.schema_hash, r.signature, r.signature_tokens,
+                             {compiler_pb2.ArtifactKind.Name(a.kind): a.id for a in r.artifacts}, r.cached)
+
+    def get_artifact(self, artifact_id: str, timeout_s: float | None = None) -> bytes:
+        return self._call(self.compiler.GetArtifact, compiler_pb2.GetArtifactRequest(id=artifact_id), timeout_s).data
+
+    def close(self) -> None:
+        for c in self._channels:
+            c.close()
+
+    def __enter__(self) -> NexusClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

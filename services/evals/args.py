@@ -1,0 +1,343 @@
+"""`nexus eval args`: argument generation quality and first-argument latency, three arms in one run.
+
+For each query line: route it end to end (the real router domain over the whole registry) and generate
+its arguments for the routed tool; generate with the gold tool too (the routed-correct view). Latency arms,
+interleaved per query, same model, same queries:
+
+* ``hybrid``        system + compact signature (IR) + window + query, re-prefilled every turn;
+* ``full_schema``   the same prompt with the tool's whole JSON schema instead of the IR, re-prefilled;
+* ``prefix_cached`` what a practitioner does instead: all schemas of the query's server at the head of the
+  prompt, llama.cpp's prefix cache warm (a second context, so the other arms never evict it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from services.common.errors import InvalidArgument
+from services.common.store import LocalStore
+from services.compiler.signature import signature
+from services.engine.config import EngineConfig
+from services.engine.engine import Engine, Result
+from services.engine.prompt import SYSTEM, Turn
+from services.evals.data import QueryLine, is_correct, load_queries, load_registry
+from services.evals.stats import bootstrap_median_ci, bootstrap_ratio_ci, median, percentile, wilson
+
+log = logging.getLogger("nexus.eval.args")
+
+PLACEHOLDER_RE = re.compile(r"^(<[^>]*>|\{\{.*\}\}|string|example|placeholder|todo|xxx+|your[_ -].*|\.\.\.)$", re.I)
+
+SYSTEM_ALL = (
+    "You fill in the arguments of a tool call. You have these tools:\n{tools}\n"
+    "Reply with one JSON object of arguments for the tool the user names. Copy values exactly as the user wrote them."
+)
+
+
+def schema_view(tool) -> str:
+    """The tool as a full-schema prompt shows it: name, description, JSON Schema."""
+    return f"{tool.name}: {tool.description}\nJSON Schema: {json.dumps(tool.input_schema, separators=(',', ':'))}"
+
+
+def values_match(got: Any, want: Any) -> bool:
+    """Strings compare after trimming; numbers and booleans by value; containers structurally."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(got, bool) and isinstance(want, bool) and got == want
+    if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+        return float(got) == float(want)
+    if isinstance(want, str) and isinstance(got, str):
+        return got.strip() == want.strip()
+    if isinstance(want, list) and isinstance(got, list):
+        return len(got) == len(want) and all(values_match(a, b) for a, b in zip(got, want, strict=True))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return set(got) == set(want) and all(values_match(got[k], want[k]) for k in want)
+    return got == want
+
+
+def arg_hits(arguments_json: str, gold: dict[str, Any]) -> tuple[int, int]:
+    """(correct, total) over the arguments the query states."""
+    try:
+        got = json.loads(arguments_json)
+    except ValueError:
+        return 0, len(gold)
+    if not isinstance(got, dict):
+        return 0, len(gold)
+    return sum(1 for k, v in gold.items() if k in got and values_match(got[k], v)), len(gold)
+
+
+def placeholder_count(arguments_json: str) -> int:
+    try:
+        got = json.loads(arguments_json)
+    except ValueError:
+        return 0
+    stack, n = [got], 0
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str) and PLACEHOLDER_RE.match(v.strip()):
+            n += 1
+    return n
+
+
+def run_generation(engine: Engine, tokens: list[int], arts, reuse_prefix: bool) -> Result:
+    res = None
+    for ev in engine.generate_tokens(tokens, arts, engine.config.default_max_tokens, reuse_prefix=reuse_prefix):
+        if isinstance(ev, Result):
+            res = ev
+    assert res is not None
+    return res
+
+
+@dataclass
+class Row:
+    id: str
+    tool: str
+    routed: str
+    route_ok: bool
+    gold_args: dict
+    hybrid: Result
+    full_schema: Result
+    prefix_cached: Result | None
+    routed_result: Result
+    prefix_cached_prompt_tokens: int = 0
+
+
+def sample_lines(lines: Sequence[QueryLine], limit: int, seed: int) -> list[QueryLine]:
+    """A seeded sample, stratified by server so every server is represented."""
+    if limit <= 0 or limit >= len(lines):
+        return list(lines)
+    rng = random.Random(seed)
+    by_server: dict[str, list[QueryLine]] = {}
+    for ln in lines:
+        by_server.setdefault(ln.server or "?", []).append(ln)
+    for v in by_server.values():
+        rng.shuffle(v)
+    out: list[QueryLine] = []
+    while len(out) < limit:
+        for k in sorted(by_server):
+            if by_server[k] and len(out) < limit:
+                out.append(by_server[k].pop())
+    return out
+
+
+def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed: int = 0, model_path: str = "",
+             n_ctx: int = 8192, workdir: str = "var/eval-args", progress: bool = True,
+             router_factory=None) -> dict[str, Any]:
+    """Run the evaluation and write ``out_json`` (+ a PNG beside it). ``router_factory(store) -> route_fn``
+    overrides how queries are routed (tests); default: the real router domain over the whole registry."""
+    from tqdm import tqdm
+
+    registry = load_registry(tools)
+    by_name = registry.by_name()
+    lines = [ln for ln in load_queries(queries) if ln.tool in by_name]
+    if not lines:
+        raise InvalidArgument("no query line names a tool of the registry")
+    lines = sample_lines(lines, limit, seed)
+    store = LocalStore(Path(workdir) / "store")
+    store.registry_put(list(registry.tools))
+    cfg = replace(EngineConfig(), model_path=model_path, n_ctx=n_ctx, store_url=str(store.root))
+    engine = Engine(cfg, store)
+    warm = Engine(cfg, store)  # the prefix-cached arm's own context
+    route_fn = (router_factory or default_router)(store)
+
+    ir_tokens = [len(engine.llm.tokenize(signature(t).encode(), add_bos=False)) for t in registry.tools]
+    rows: list[Row] = []
+    # group by server so the prefix-cached arm's head (the server's schemas) stays warm across its queries
+    lines.sort(key=lambda ln: (ln.server, ln.id))
+    for ln in tqdm(lines, desc="eval args", unit="query", disable=not progress):
+        hist = [Turn(r, c) for r, c in ln.history]
+        arts = engine.artifacts(ln.tool)
+        window = engine.window(hist)
+        msgs = [{"role": "system", "content": SYSTEM.format(signature=arts.signature)}]
+        msgs += [{"role": t.role, "content": t.content} for t in window] + [{"role": "user", "content": ln.query}]
+        msgs_full = [{"role": "system", "content": SYSTEM.format(signature=schema_view(arts.tool))}, *msgs[1:]]
+        # interleave the two re-prefill arms, alternating which goes first
+        order = ("hybrid", "full") if len(rows) % 2 == 0 else ("full", "hybrid")
+        got: dict[str, Result] = {}
+        for arm in order:
+            toks = engine.tokenize_messages(msgs if arm == "hybrid" else msgs_full)
+            got[arm] = run_generation(engine, toks, arts, reuse_prefix=False)
+        # prefix-cached arm: the server's schemas at the head, the tool named in the user turn
+        server_tools = [by_name[n] for n in registry.servers()[registry.server_of[ln.tool]]]
+        head = SYSTEM_ALL.format(tools="\n".join(schema_view(t) for t in server_tools))
+        msgs_warm = [{"role": "system", "content": head}]
+        msgs_warm += [{"role": t.role, "content": t.content} for t in window]
+        msgs_warm.append({"role": "user", "content": f"Tool: {ln.tool}\n{ln.query}"})
+        warm_toks = warm.tokenize_messages(msgs_warm)
+        warm_res = None
+        if len(warm_toks) + cfg.default_max_tokens <= warm.llm.n_ctx():
+            warm_res = run_generation(warm, warm_toks, arts, reuse_prefix=True)
+        routed = route_fn(ln)
+        if routed == ln.tool:
+            routed_res = got["hybrid"]
+        else:
+            r_arts = engine.artifacts(routed)
+            r_msgs = [{"role": "system", "content": SYSTEM.format(signature=r_arts.signature)}, *msgs[1:]]
+            routed_res = run_generation(engine, engine.tokenize_messages(r_msgs), r_arts, reuse_prefix=False)
+        rows.append(Row(ln.id, ln.tool, routed, is_correct(routed, ln.tool), ln.args, got["hybrid"], got["full"],
+                        warm_res, routed_res, len(warm_toks)))
+    report = summarize(rows, ir_tokens, registry, engine)
+    report["protocol"] = {"queries": str(queries), "tools": str(tools), "limit": limit, "seed": seed,
+                          "model": str(engine.model_path), "n_ctx": n_ctx,
+                          "note": "prefix_cached rows are grouped by server; the first query of each server "
+                                  "pays the cold prefill and is excluded from its latency median"}
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_json).write_text(json.dumps(report, indent=2))
+    plot(report, str(Path(out_json).with_suffix(".png")))
+    return report
+
+
+def default_router(store):
+    from services.common.embedder import Embedder
+    from services.router.config import RouterConfig
+    from services.router.router import HistoryTurn, Router
+
+    router = Router(RouterConfig(store_url=str(store.root)), store, Embedder())
+    asyncio.run(router.sync(force=True))
+
+    def route(ln: QueryLine) -> str:
+        return router.route(ln.query, [HistoryTurn(r, c) for r, c in ln.history]).tool
+
+    return route
+
+
+def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -> dict[str, Any]:
+    n = len(rows)
+    gens = [r.hybrid for r in rows] + [r.routed_result for r in rows if not r.route_ok]
+    json_ok = sum(1 for g in gens if _is_json(g.arguments_json))
+    schema_ok = sum(1 for g in gens if g.schema_valid)
+    routed_hits = [arg_hits(r.hybrid.arguments_json, r.gold_args) for r in rows]
+    e2e_hits = [arg_hits(r.routed_result.arguments_json, r.gold_args) if r.route_ok else (0, len(r.gold_args))
+                for r in rows]
+    rc, rt = sum(h for h, _ in routed_hits), sum(t for _, t in routed_hits)
+    ec, et = sum(h for h, _ in e2e_hits), sum(t for _, t in e2e_hits)
+    route_ok = sum(r.route_ok for r in rows)
+    fa_h = [r.hybrid.first_arg_token_ms for r in rows]
+    fa_f = [r.full_schema.first_arg_token_ms for r in rows]
+    seen_servers: set[str] = set()
+    fa_w, warm_tokens = [], []
+    for r in rows:
+        server = registry.server_of[r.tool]
+        if r.prefix_cached is not None:
+            warm_tokens.append(r.prefix_cached_prompt_tokens)
+            if server in seen_servers:
+                fa_w.append(r.prefix_cached.first_arg_token_ms)
+        seen_servers.add(server)
+    tok_h = [r.hybrid.prompt_tokens for r in rows]
+    tok_f = [r.full_schema.prompt_tokens for r in rows]
+    saving = [1 - h / f for h, f in zip(tok_h, tok_f, strict=True) if f]
+    # context use of all schemas at the head, by registry size (in registry order)
+    sizes = {}
+    all_tools = list(registry.tools)
+    for size in (10, 50, 100, 250, len(all_tools)):
+        head = SYSTEM_ALL.format(tools="\n".join(schema_view(t) for t in all_tools[:size]))
+        toks = len(engine.llm.tokenize(head.encode(), add_bos=False))
+        sizes[str(size)] = {"head_tokens": toks, "fits": toks + 512 <= engine.llm.n_ctx_train()}
+    fits = [int(k) for k, v in sizes.items() if v["fits"]]
+    return {
+        "n": n,
+        "routing_accuracy": route_ok / n,
+        "routing_ci95": wilson(route_ok, n),
+        "json_valid_rate": json_ok / len(gens),
+        "schema_valid_rate": schema_ok / len(gens),
+        "arg_accuracy_routed": rc / rt if rt else None,
+        "arg_accuracy_routed_ci95": wilson(rc, rt),
+        "arg_accuracy_e2e": ec / et if et else None,
+        "arg_accuracy_e2e_ci95": wilson(ec, et),
+        "args_stated": rt,
+        "placeholder_leaks": sum(placeholder_count(g.arguments_json) for g in gens),
+        "grammar_fallbacks": sum(1 for t in registry.tools if engine.artifacts(t.name).grammar_fallback),
+        "ir_tokens_median": median(ir_tokens),
+        "ir_tokens_p99": percentile(ir_tokens, 99),
+        "first_arg_ms_hybrid": median(fa_h),
+        "first_arg_ms_hybrid_ci95": bootstrap_median_ci(fa_h),
+        "first_arg_ms_full_schema": median(fa_f),
+        "first_arg_ms_full_schema_ci95": bootstrap_median_ci(fa_f),
+        "first_arg_speedup": median(fa_f) / median(fa_h),
+        "first_arg_speedup_ci95": bootstrap_ratio_ci(fa_f, fa_h),
+        "prompt_tokens_hybrid_median": median(tok_h),
+        "prompt_tokens_full_schema_median": median(tok_f),
+        "main_context_token_saving": sum(saving) / len(saving),
+        "first_arg_ms_prefix_cached": median(fa_w) if fa_w else None,
+        "first_arg_ms_prefix_cached_ci95": bootstrap_median_ci(fa_w) if fa_w else None,
+        "prompt_tokens_prefix_cached_median": median(warm_tokens) if warm_tokens else None,
+        "prefix_cached_context_by_registry_size": sizes,
+        "prefix_cached_max_registry_size_that_fits": max(fits) if fits else 0,
+        "context_window": engine.llm.n_ctx_train(),
+    }
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    arms = [("hybrid (IR)", "first_arg_ms_hybrid"), ("full schema", "first_arg_ms_full_schema"),
+            ("prefix cached", "first_arg_ms_prefix_cached")]
+    vals = [report.get(k) or 0 for _, k in arms]
+    errs = []
+    for (_, k), v in zip(arms, vals, strict=True):
+        ci = report.get(k + "_ci95") or (v, v)
+        errs.append([max(0, v - ci[0]), max(0, ci[1] - v)])
+    axes[0].bar([a for a, _ in arms], vals, yerr=list(zip(*errs, strict=True)), color=["#2a9d8f", "#e76f51", "#8d99ae"],
+                capsize=4)
+    axes[0].set_ylabel("first argument token, ms (median, 95% CI)")
+    axes[0].set_title(f"speedup {report['first_arg_speedup']:.2f}x vs full schema")
+    toks = [report["prompt_tokens_hybrid_median"], report["prompt_tokens_full_schema_median"],
+            report.get("prompt_tokens_prefix_cached_median") or 0]
+    axes[1].bar([a for a, _ in arms], toks, color=["#2a9d8f", "#e76f51", "#8d99ae"])
+    axes[1].set_ylabel("prompt tokens (median)")
+    axes[1].set_title(f"main-context saving {100 * report['main_context_token_saving']:.0f}%")
+    names = ["JSON valid", "schema valid", "args (routed)", "args (e2e)", "routing"]
+    keys = ["json_valid_rate", "schema_valid_rate", "arg_accuracy_routed", "arg_accuracy_e2e", "routing_accuracy"]
+    axes[2].bar(names, [100 * (report.get(k) or 0) for k in keys], color="#264653")
+    axes[2].set_ylim(0, 105)
+    axes[2].set_ylabel("%")
+    axes[2].set_title(f"n = {report['n']} queries")
+    axes[2].tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def add_args_eval_parser(sub) -> None:
+    p = sub.add_parser("args", help="argument generation quality and first-argument latency")
+    p.add_argument("--queries", required=True)
+    p.add_argument("--tools", required=True)
+    p.add_argument("--json", required=True, dest="out")
+    p.add_argument("--limit", type=int, default=120, help="queries to sample (stratified by server; 0 = all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="", help="GGUF path (default SmolLM2-135M-Instruct)")
+    p.add_argument("--n-ctx", type=int, default=8192)
+
+    def run(args) -> int:
+        t0 = time.time()
+        rep = evaluate(args.queries, args.tools, args.out, limit=args.limit, seed=args.seed, model_path=args.model,
+                       n_ctx=args.n_ctx)
+        keys = ("n", "routing_accuracy", "json_valid_rate", "schema_valid_rate", "arg_accuracy_routed",
+                "arg_accuracy_e2e", "first_arg_speedup", "main_context_token_saving", "ir_tokens_median")
+        print(json.dumps({k: rep[k] for k in keys} | {"seconds": round(time.time() - t0)}, indent=2))
+        return 0
+
+    p.set_defaults(fn=run)

@@ -1,0 +1,58 @@
+"""Small statistics shared by the evaluations: Wilson intervals, bootstrap CIs of medians, percentiles."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score 95 % interval of a proportion."""
+    if n <= 0:
+        return (0.0, 0.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, q in [0, 100]."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def bootstrap_median_ci(values: Sequence[float], iters: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap 95 % interval of the median."""
+    if not values:
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(median([values[rng.randrange(n)] for _ in range(n)]) for _ in range(iters))
+    return (meds[int(0.025 * iters)], meds[int(0.975 * iters) - 1])
+
+
+def bootstrap_ratio_ci(num: Sequence[float], den: Sequence[float], iters: int = 2000,
+                       seed: int = 0) -> tuple[float, float]:
+    """95 % interval of median(num)/median(den), resampling paired observations."""
+    if not num or len(num) != len(den):
+        return (float("nan"), float("nan"))
+    rng = random.Random(seed)
+    n = len(num)
+    out = []
+    for _ in range(iters):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = median([den[i] for i in idx])
+        out.append(median([num[i] for i in idx]) / d if d else float("nan"))
+    out.sort()
+    return (out[int(0.025 * iters)], out[int(0.975 * iters) - 1])
