@@ -33,7 +33,7 @@ class Embedder:
 
         self.path = resolve_embedder(path)
         self.model = SentenceTransformer(str(self.path), device=device)
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        self.dim = int(self.model.get_embedding_dimension())
         self.fingerprint = dir_fingerprint(self.path)
         self._lock = threading.Lock()
 

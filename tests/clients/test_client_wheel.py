@@ -20,17 +20,17 @@ def wheel():
     return wheels[-1]
 
 
-def test_example_runs_from_the_wheel(cluster, wheel):
+def test_example_runs_from_the_wheel(cluster, wheel, tmp_path):
     # The wheel first on the path: nexus_client and nexus.v1 are imported from inside the zip.
     code = ("import nexus_client, nexus.v1.router_pb2 as r; print(nexus_client.__file__); print(r.__file__)")
     where = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(wheel)}, capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, cwd=tmp_path)
     assert where.returncode == 0, where.stderr
     assert all(str(wheel) in line for line in where.stdout.split()), where.stdout
     out = subprocess.run([sys.executable, str(REPO / "examples" / "client_example.py"),
                           "open a pull request from feature-x into main in octo/demo",
                           "--router", cluster["router"].addr, "--engine", cluster["engine"].addr],
-                         env={"PYTHONPATH": str(wheel)}, capture_output=True, text=True, timeout=180)
+                         env={"PYTHONPATH": str(wheel)}, capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["tool"] == "github_create_pull_request" and got["schema_valid"]

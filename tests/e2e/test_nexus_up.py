@@ -66,8 +66,8 @@ def test_full_registry_routes_and_generates(nexus_up, grpcurl):
                          capture_output=True, text=True, timeout=120)
     assert gen.returncode == 0, gen.stderr
     last = json.loads("{" + gen.stdout.rsplit("\n{", 1)[-1])
-    json.loads(last["result"]["argumentsJson"])
-    assert last["result"]["schemaValid"]
+    json.loads(last["result"]["arguments_json"])
+    assert last["result"]["schema_valid"]
     listed = subprocess.run([grpcurl, "-plaintext", f"127.0.0.1:{ports['router']}", "nexus.v1.RouterService/ListTools"],
                             capture_output=True, text=True, timeout=60)
     assert len(json.loads(listed.stdout)["tools"]) == 338

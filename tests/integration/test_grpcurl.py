@@ -33,7 +33,7 @@ def test_route_and_generate_with_grpcurl(cluster, grpcurl):
     docs = [json.loads(d) for d in out.replace("}\n{", "}\x00{").split("\x00")]
     assert any("token" in d for d in docs)
     result = docs[-1]["result"]
-    assert "owner" in json.loads(result["argumentsJson"]) and result["schemaValid"]
+    assert "owner" in json.loads(result["arguments_json"]) and result["schema_valid"]
 
 
 def test_grpcurl_sees_invalid_argument(cluster, grpcurl):

@@ -1,0 +1,1 @@
+"""Offline evaluations of Nexus components (routing quality, ...), each writing a JSON report + plot."""

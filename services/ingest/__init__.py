@@ -1,0 +1,1 @@
+"""Ingest tools into a Nexus registry from outside sources (MCP servers)."""

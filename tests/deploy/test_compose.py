@@ -1,0 +1,125 @@
+"""deploy/docker-compose.yml: router + compiler + Redis. Validated by the real `docker-compose config`
+(Debian's docker-compose 1.29) when installed, and by reference checks on the parsed file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from tests.deploy.checks import (
+    DEFAULT_PORTS,
+    DEPLOY,
+    REPO,
+    config_problems,
+    env_dict,
+    image_problems,
+    interpolate,
+)
+
+COMPOSE = DEPLOY / "docker-compose.yml"
+ENV = {"REDIS_PASSWORD": "0123abcd"}  # what deploy/.env provides
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return interpolate(yaml.safe_load(COMPOSE.read_text()), ENV)
+
+
+def _compose_cli(env_extra: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_PASSWORD", "NEXUS_TAG", "NEXUS_LOG_LEVEL", "ROUTER_PUBLISH", "REDIS_PUBLISH_PORT")}
+    env.update(env_extra)
+    # An empty --env-file: a developer's deploy/.env must not change what the test sees.
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    return subprocess.run(["docker-compose", "--env-file", str(empty), "-f", str(COMPOSE), "config"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=DEPLOY)
+
+
+needs_compose = pytest.mark.skipif(shutil.which("docker-compose") is None,
+                                   reason="docker-compose not installed (apt-get install docker-compose)")
+
+
+@needs_compose
+def test_docker_compose_config_accepts_the_file(compose, tmp_path):
+    out = _compose_cli(ENV, tmp_path)
+    assert out.returncode == 0, out.stderr
+    resolved = yaml.safe_load(out.stdout)
+    assert set(resolved["services"]) == {"redis", "router", "compiler"}
+    for name, svc in resolved["services"].items():
+        assert svc["healthcheck"]["test"] == compose["services"][name]["healthcheck"]["test"]
+        assert env_dict(svc.get("environment")) == env_dict(compose["services"][name].get("environment"))
+    assert resolved["services"]["router"]["depends_on"] == {
+        "compiler": {"condition": "service_healthy"}, "redis": {"condition": "service_healthy"}}
+
+
+@needs_compose
+def test_docker_compose_refuses_to_start_without_a_redis_password(tmp_path):
+    out = _compose_cli({}, tmp_path)
+    assert out.returncode != 0 and "REDIS_PASSWORD" in out.stderr
+
+
+def test_engine_is_not_in_compose_and_every_service_has_a_healthcheck(compose):
+    services = compose["services"]
+    assert set(services) == {"redis", "router", "compiler"}
+    for name, svc in services.items():
+        assert svc["healthcheck"]["test"], name
+    for name in ("router", "compiler"):
+        port = DEFAULT_PORTS[name]
+        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "/opt/nexus/healthcheck.py",
+                                                         f"127.0.0.1:{port}"]
+        assert env_dict(services[name]["environment"])[f"NEXUS_{name.upper()}_PORT"] == str(port)
+        assert services[name]["healthcheck"]["start_period"]  # warm-up loads models
+
+
+def test_builds_point_at_existing_dockerfiles(compose):
+    for name in ("router", "compiler"):
+        build = compose["services"][name]["build"]
+        context = (DEPLOY / build["context"]).resolve()
+        assert context == REPO
+        assert (context / build["dockerfile"]) == DEPLOY / name / "Dockerfile"
+        assert image_problems(compose["services"][name]["image"]) == []
+
+
+def test_env_is_valid_service_config_and_addresses_resolve(compose):
+    services = compose["services"]
+    for name in ("router", "compiler"):
+        env = env_dict(services[name]["environment"])
+        assert config_problems(env, f"compose {name}") == []
+        store = urlsplit(env[f"NEXUS_{name.upper()}_STORE_URL"])
+        assert store.scheme == "redis" and store.hostname in services and store.port == 6379
+        assert store.password == ENV["REDIS_PASSWORD"]
+        assert store.hostname in services[name]["depends_on"]
+    host, port = env_dict(services["router"]["environment"])["NEXUS_ROUTER_COMPILER_ADDR"].split(":")
+    assert host == "compiler" and int(port) == DEFAULT_PORTS["compiler"]
+    assert str(port) in services["compiler"]["expose"]
+    assert services["router"]["depends_on"]["compiler"]["condition"] == "service_healthy"
+
+
+def test_volumes_and_hardening(compose):
+    declared = set(compose["volumes"])
+    for name, svc in compose["services"].items():
+        for v in svc.get("volumes", []):
+            src = v.split(":")[0]
+            if not src.startswith((".", "/")):
+                assert src in declared, f"{name}: volume {src} is not declared"
+        assert svc["read_only"] is True and svc["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in svc["security_opt"], name
+    assert "redis-data:/data" in compose["services"]["redis"]["volumes"]
+    # Redis is published on loopback only (for the engine on this host), never on every interface.
+    assert all(p.startswith("127.0.0.1:") for p in compose["services"]["redis"]["ports"])
+    assert image_problems(compose["services"]["redis"]["image"]) == []
+
+
+def test_env_example_lists_every_variable_the_compose_file_uses():
+    import re
+
+    used = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text()))
+    example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
+                   if line and not line.startswith("#"))
+    assert used <= set(example), used - set(example)
