@@ -85,6 +85,9 @@ stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the 
 	cp nexus/v1/descriptor.pb dist/nexus.v1.protoset
 	@ls -1 dist/nexus_client-*.whl dist/nexus.v1.protoset
 
+bench: native  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice)
+	$(PY) bench/native_bench.py
+
 test: setup  ## unit + integration + quick end-to-end with the real model
 	$(PY) -m pytest -q tests
 
@@ -104,7 +107,7 @@ compose-config:  ## validate deploy/docker-compose.yml (no Docker engine needed)
 	REDIS_PASSWORD=$${REDIS_PASSWORD:-check} docker-compose -f deploy/docker-compose.yml config -q
 
 lint:  ## ruff
-	$(VENV)/bin/ruff check services tests bench nexus_client examples deploy
+	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench/native_bench.py
 
 clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
 	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var

@@ -189,7 +189,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        except (RuntimeError, ValueError):  # not the main thread (NotImplemented on some loops is a RuntimeError)
             pass
     try:
         if warmup is not None:
