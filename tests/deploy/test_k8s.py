@@ -69,8 +69,19 @@ def test_the_reference_checker_catches_broken_references(docs):
 @pytest.mark.parametrize("kind,name", [("Deployment", "router"), ("Deployment", "compiler"), ("DaemonSet", "engine")])
 def test_nexus_pods_use_grpc_probes_on_their_grpc_port(docs, kind, name):
     port = DEFAULT_PORTS[name]
-    (c,) = pod_spec(get(docs, kind, name))["containers"]
-    assert [p["containerPort"] for p in c["ports"]] == [port]
+    obj = get(docs, kind, name)
+    (c,) = pod_spec(obj)["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["grpc"] == port
+    # Prometheus: the metrics port is the service config's default and the pod says so for scrapers
+    assert set(ports) == {"grpc", "metrics"}
+    assert obj["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(ports["metrics"])
+    from services.common.config import load_config
+    cfg_cls = {"router": "services.router.config:RouterConfig", "compiler": "services.compiler.config:CompilerConfig",
+               "engine": "services.engine.config:EngineConfig"}[name]
+    mod, cls = cfg_cls.split(":")
+    default = load_config(getattr(__import__(mod, fromlist=[cls]), cls), prefix="NEXUS_X_", env={})
+    assert ports["metrics"] == default.metrics_port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == port, probe
     svc = get(docs, "Service", name)
