@@ -267,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     from services.evals.args import add_args_eval_parser
 
     add_args_eval_parser(esub)
+    from services.evals.splice_fidelity import add_drift_parser, add_fidelity_parser, add_ttft_parser
+
+    add_fidelity_parser(esub)
+    add_ttft_parser(esub)
+    add_drift_parser(esub)
     return p
 
 
