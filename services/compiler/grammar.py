@@ -24,6 +24,17 @@ ws     ::= | " " | "\n" [ \t]{0,20}
 """
 
 
+# Free strings are bounded (characters): a small model that starts repeating inside a value reaches the
+# closing quote instead of running to max_tokens. Values users state are far shorter than this.
+MAX_STRING_CHARS = 160
+_FREE_STRING = 'string ::= "\\"" char* "\\"" space'
+
+
+def bound_strings(text: str, max_chars: int = MAX_STRING_CHARS) -> str:
+    """Bound the generic ``string`` rule of a ``json_schema_to_gbnf`` grammar to ``max_chars`` characters."""
+    return text.replace(_FREE_STRING, f'string ::= "\\"" char{{0,{max_chars}}} "\\"" space')
+
+
 @dataclass(frozen=True)
 class CompiledGrammar:
     text: str
@@ -44,7 +55,7 @@ def compile_grammar(tool: Tool) -> CompiledGrammar:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        text = json_schema_to_gbnf(json.dumps(_schema_for_grammar(tool)))
+        text = bound_strings(json_schema_to_gbnf(json.dumps(_schema_for_grammar(tool))))
         return CompiledGrammar(text=text, fallback=False)
     except Exception as e:  # noqa: BLE001 - the converter raises assorted errors on exotic schemas
         log.warning("grammar fallback", extra={"tool": tool.name, "error": repr(e)})

@@ -9,15 +9,18 @@ from dataclasses import dataclass
 # The system prompt and the worked examples are the same for every tool and every turn: they form a
 # constant prefix that stays in the KV cache across turns. The tool's signature and the request come last.
 SYSTEM = (
-    "You turn a request into the JSON arguments of a function call. Copy each value exactly as the request "
-    "states it. Leave out arguments the request does not give."
+    "You fill in the JSON arguments of one function call. Use only values written in the request or the "
+    "conversation, copied character for character (names, paths, numbers, quoted text). Map words to the "
+    "allowed choices. Leave out every argument the request does not give."
 )
+# One worked example from a domain no registered tool covers, so its values cannot leak into real calls. It
+# shows copying paths verbatim and words mapped onto an enum and a boolean. (Three examples measured no
+# better on the tuning sample and cost ~200 more tokens of re-prefill: reports/args_experiments.md.)
+# The request comes before the function, as in real turns.
 EXAMPLES = (
-    ('Function: get_weather(city: str, units?: "c"|"f")\nRequest: How warm is it in Paris, in celsius?',
-     '{"city": "Paris", "units": "c"}'),
-    ("Function: create_issue(owner: str, repo: str, title: str, body?: str, labels?: str[])\n"
-     'Request: File a bug in acme-inc/web-shop titled "Login fails on Safari", label it bug.',
-     '{"owner": "acme-inc", "repo": "web-shop", "title": "Login fails on Safari", "labels": ["bug"]}'),
+    ("Request: copy /var/photos/2019 to /mnt/nas/bk as a compressed full backup\n"
+     'Function: backup_folder(source_dir: str, dest_dir: str, compress?: bool, mode?: "full"|"incremental")',
+     '{"source_dir": "/var/photos/2019", "dest_dir": "/mnt/nas/bk", "compress": true, "mode": "full"}'),
 )
 
 CHATML = (
@@ -73,7 +76,7 @@ def request_text(tool_view: str, query: str, history: Sequence[Turn]) -> str:
     parts = []
     if history:
         parts.append("Conversation so far:\n" + "\n".join(f"{t.role}: {t.content}" for t in history) + "\n")
-    parts.append(f"Function: {tool_view}\nRequest: {query}")
+    parts.append(f"Request: {query}\nFunction: {tool_view}")
     return "\n".join(parts)
 
 

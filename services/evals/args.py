@@ -28,7 +28,7 @@ from services.common.store import LocalStore
 from services.compiler.signature import signature
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine, Result
-from services.engine.prompt import SYSTEM, Turn
+from services.engine.prompt import Turn, build_messages
 from services.evals.data import QueryLine, is_correct, load_queries, load_registry
 from services.evals.stats import bootstrap_median_ci, bootstrap_ratio_ci, median, percentile, wilson
 
@@ -113,6 +113,16 @@ class Row:
     prefix_cached_prompt_tokens: int = 0
 
 
+def tune_split(lines: Sequence[QueryLine]) -> tuple[list[QueryLine], list[QueryLine]]:
+    """A fixed, disjoint split of the query lines: ``tune`` (every 4th line by id number) is where prompt,
+    IR and decoding choices were tuned; ``heldout`` (the other lines) is where the reported figures come from."""
+    def num(ln: QueryLine) -> int:
+        digits = re.sub(r"\D", "", ln.id)
+        return int(digits) if digits else hash(ln.id)
+    tune = [ln for ln in lines if num(ln) % 4 == 0]
+    return tune, [ln for ln in lines if num(ln) % 4 != 0]
+
+
 def sample_lines(lines: Sequence[QueryLine], limit: int, seed: int) -> list[QueryLine]:
     """A seeded sample, stratified by server so every server is represented."""
     if limit <= 0 or limit >= len(lines):
@@ -133,7 +143,8 @@ def sample_lines(lines: Sequence[QueryLine], limit: int, seed: int) -> list[Quer
 
 def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed: int = 0, model_path: str = "",
              n_ctx: int = 8192, workdir: str = "var/eval-args", progress: bool = True,
-             router_factory=None) -> dict[str, Any]:
+             router_factory=None, split: str = "heldout",
+             warm_max_tokens: int = 2048, max_tokens: int = 0) -> dict[str, Any]:
     """Run the evaluation and write ``out_json`` (+ a PNG beside it). ``router_factory(store) -> route_fn``
     overrides how queries are routed (tests); default: the real router domain over the whole registry."""
     from tqdm import tqdm
@@ -143,10 +154,15 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
     lines = [ln for ln in load_queries(queries) if ln.tool in by_name]
     if not lines:
         raise InvalidArgument("no query line names a tool of the registry")
+    if split != "all":
+        tune, heldout = tune_split(lines)
+        lines = tune if split == "tune" else heldout
     lines = sample_lines(lines, limit, seed)
     store = LocalStore(Path(workdir) / "store")
     store.registry_put(list(registry.tools))
     cfg = replace(EngineConfig(), model_path=model_path, n_ctx=n_ctx, store_url=str(store.root))
+    if max_tokens > 0:  # budget before the closing bias winds the JSON down (engine default: 256)
+        cfg = replace(cfg, default_max_tokens=max_tokens)
     engine = Engine(cfg, store)
     warm = Engine(cfg, store)  # the prefix-cached arm's own context
     route_fn = (router_factory or default_router)(store)
@@ -159,9 +175,10 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         hist = [Turn(r, c) for r, c in ln.history]
         arts = engine.artifacts(ln.tool)
         window = engine.window(hist)
-        msgs = [{"role": "system", "content": SYSTEM.format(signature=arts.signature)}]
-        msgs += [{"role": t.role, "content": t.content} for t in window] + [{"role": "user", "content": ln.query}]
-        msgs_full = [{"role": "system", "content": SYSTEM.format(signature=schema_view(arts.tool))}, *msgs[1:]]
+        # the engine's own prompt (constant system + examples prefix, then window + view + request); the
+        # full-schema arm differs only in showing the whole JSON schema where the hybrid shows the IR
+        msgs = build_messages(arts.signature, ln.query, window)
+        msgs_full = build_messages(schema_view(arts.tool), ln.query, window)
         # interleave the two re-prefill arms, alternating which goes first
         order = ("hybrid", "full") if len(rows) % 2 == 0 else ("full", "hybrid")
         got: dict[str, Result] = {}
@@ -176,19 +193,24 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         msgs_warm.append({"role": "user", "content": f"Tool: {ln.tool}\n{ln.query}"})
         warm_toks = warm.tokenize_messages(msgs_warm)
         warm_res = None
-        if len(warm_toks) + cfg.default_max_tokens <= warm.llm.n_ctx():
+        # the cold prefill of a large head costs minutes on a shared 2-core host: heads above
+        # ``warm_max_tokens`` are not run (their context use is still reported by registry size)
+        if len(warm_toks) <= warm_max_tokens and len(warm_toks) + cfg.default_max_tokens <= warm.llm.n_ctx():
             warm_res = run_generation(warm, warm_toks, arts, reuse_prefix=True)
         routed = route_fn(ln)
         if routed == ln.tool:
             routed_res = got["hybrid"]
         else:
             r_arts = engine.artifacts(routed)
-            r_msgs = [{"role": "system", "content": SYSTEM.format(signature=r_arts.signature)}, *msgs[1:]]
+            r_msgs = build_messages(r_arts.signature, ln.query, window)
             routed_res = run_generation(engine, engine.tokenize_messages(r_msgs), r_arts, reuse_prefix=False)
         rows.append(Row(ln.id, ln.tool, routed, is_correct(routed, ln.tool), ln.args, got["hybrid"], got["full"],
                         warm_res, routed_res, len(warm_toks)))
     report = summarize(rows, ir_tokens, registry, engine)
     report["protocol"] = {"queries": str(queries), "tools": str(tools), "limit": limit, "seed": seed,
+                          "split": split, "max_tokens": cfg.default_max_tokens, "prefix_cached_arm_run_only_for_heads_up_to_tokens": warm_max_tokens,
+                          "split_rule": "tune = lines whose id number is divisible by 4 (all prompt/IR/decoding "
+                                        "tuning used only these, seed 1); heldout = all other lines",
                           "model": str(engine.model_path), "n_ctx": n_ctx,
                           "note": "prefix_cached rows are grouped by server; the first query of each server "
                                   "pays the cold prefill and is excluded from its latency median"}
@@ -300,21 +322,29 @@ def plot(report: dict[str, Any], path: str) -> None:
     for (_, k), v in zip(arms, vals, strict=True):
         ci = report.get(k + "_ci95") or (v, v)
         errs.append([max(0, v - ci[0]), max(0, ci[1] - v)])
-    axes[0].bar([a for a, _ in arms], vals, yerr=list(zip(*errs, strict=True)), color=["#2a9d8f", "#e76f51", "#8d99ae"],
-                capsize=4)
+    b0 = axes[0].bar([a for a, _ in arms], vals, yerr=list(zip(*errs, strict=True)),
+                     color=["#2a9d8f", "#e76f51", "#8d99ae"], capsize=4)
+    axes[0].bar_label(b0, labels=[f"{v:.0f}" if v else "not run" for v in vals], padding=2)
     axes[0].set_ylabel("first argument token, ms (median, 95% CI)")
     axes[0].set_title(f"speedup {report['first_arg_speedup']:.2f}x vs full schema")
     toks = [report["prompt_tokens_hybrid_median"], report["prompt_tokens_full_schema_median"],
             report.get("prompt_tokens_prefix_cached_median") or 0]
-    axes[1].bar([a for a, _ in arms], toks, color=["#2a9d8f", "#e76f51", "#8d99ae"])
+    b1 = axes[1].bar([a for a, _ in arms], toks, color=["#2a9d8f", "#e76f51", "#8d99ae"])
+    axes[1].bar_label(b1, labels=[f"{v:.0f}" for v in toks], padding=2)
+    axes[1].set_xlabel(f"all {max(int(k) for k in report['prefix_cached_context_by_registry_size'])} schemas at the "
+                       f"head: {report['prefix_cached_context_by_registry_size'][str(max(int(k) for k in report['prefix_cached_context_by_registry_size']))]['head_tokens']} tokens; "
+                       f"fits {report['context_window']} up to {report['prefix_cached_max_registry_size_that_fits']} tools",
+                       fontsize=8)
     axes[1].set_ylabel("prompt tokens (median)")
     axes[1].set_title(f"main-context saving {100 * report['main_context_token_saving']:.0f}%")
     names = ["JSON valid", "schema valid", "args (routed)", "args (e2e)", "routing"]
     keys = ["json_valid_rate", "schema_valid_rate", "arg_accuracy_routed", "arg_accuracy_e2e", "routing_accuracy"]
-    axes[2].bar(names, [100 * (report.get(k) or 0) for k in keys], color="#264653")
+    b2 = axes[2].bar(names, [100 * (report.get(k) or 0) for k in keys], color="#264653")
+    axes[2].bar_label(b2, fmt="%.0f", padding=2)
     axes[2].set_ylim(0, 105)
     axes[2].set_ylabel("%")
-    axes[2].set_title(f"n = {report['n']} queries")
+    axes[2].set_title(f"n = {report['n']} held-out queries, {report['args_stated']} stated args"
+                      if report.get("protocol", {}).get("split") == "heldout" else f"n = {report['n']} queries")
     axes[2].tick_params(axis="x", rotation=20)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -330,11 +360,17 @@ def add_args_eval_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="", help="GGUF path (default SmolLM2-135M-Instruct)")
     p.add_argument("--n-ctx", type=int, default=8192)
+    p.add_argument("--warm-max-tokens", type=int, default=2048,
+                   help="run the prefix-cached arm only where the server's schema head is at most this long")
+    p.add_argument("--max-tokens", type=int, default=0, help="generation budget per call (0 = engine default)")
+    p.add_argument("--split", choices=("heldout", "tune", "all"), default="heldout",
+                   help="heldout (default): lines never used for tuning; tune: the tuning lines")
 
     def run(args) -> int:
         t0 = time.time()
         rep = evaluate(args.queries, args.tools, args.out, limit=args.limit, seed=args.seed, model_path=args.model,
-                       n_ctx=args.n_ctx)
+                       n_ctx=args.n_ctx, split=args.split, warm_max_tokens=args.warm_max_tokens,
+                       max_tokens=args.max_tokens)
         keys = ("n", "routing_accuracy", "json_valid_rate", "schema_valid_rate", "arg_accuracy_routed",
                 "arg_accuracy_e2e", "first_arg_speedup", "main_context_token_saving", "ir_tokens_median")
         print(json.dumps({k: rep[k] for k in keys} | {"seconds": round(time.time() - t0)}, indent=2))

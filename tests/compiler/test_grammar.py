@@ -52,3 +52,13 @@ def test_unexpressible_schema_falls_back_to_object_grammar(vocab):
 def test_fallback_grammar_itself_parses(vocab):
     assert _parses(vocab, OBJECT_GBNF)
     assert ctypes  # ctypes is what llama_cpp uses underneath; imported to fail loudly if missing
+
+
+def test_free_strings_are_bounded_so_loops_end(vocab):
+    from services.compiler.grammar import MAX_STRING_CHARS
+
+    t = parse_tool({"name": "x", "description": "", "inputSchema": {
+        "type": "object", "properties": {"p": {"type": "string"}}, "required": ["p"]}})
+    g = compile_grammar(t)
+    assert not g.fallback and f"char{{0,{MAX_STRING_CHARS}}}" in g.text and "char*" not in g.text
+    assert _parses(vocab, g.text)

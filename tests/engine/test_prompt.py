@@ -22,7 +22,7 @@ def test_surrogate_keeps_short_payloads_verbatim():
 def test_chatml_fallback_renders_generation_prompt():
     text = ChatTemplate(None).render(build_messages("f(a: str)", "do it", []))
     assert text.endswith("<|im_start|>assistant\n")
-    assert "<|im_start|>user\nFunction: f(a: str)\nRequest: do it<|im_end|>" in text
+    assert "<|im_start|>user\nRequest: do it\nFunction: f(a: str)<|im_end|>" in text
 
 
 def test_tracker_finds_first_value_and_end():

@@ -1,0 +1,38 @@
+"""The argument evaluation's scoring and sampling (pure functions; the end-to-end run is `nexus eval args`)."""
+
+from services.evals.args import arg_hits, placeholder_count, sample_lines, tune_split, values_match
+from services.evals.data import QueryLine, load_queries
+
+
+def test_values_match_types():
+    assert values_match(" a ", "a") and values_match(3, 3.0) and not values_match(True, 1)
+    assert values_match(["x", 1], ["x", 1]) and not values_match(["x"], ["x", 1])
+    assert values_match({"a": 1}, {"a": 1.0}) and not values_match({"a": 1, "b": 2}, {"a": 1})
+
+
+def test_arg_hits_counts_only_stated_args():
+    assert arg_hits('{"owner": "octo", "repo": "x", "extra": 1}', {"owner": "octo", "repo": "demo"}) == (1, 2)
+    assert arg_hits("not json", {"a": 1}) == (0, 1)
+    assert arg_hits("{}", {}) == (0, 0)
+
+
+def test_placeholders_are_counted_anywhere():
+    assert placeholder_count('{"a": "<owner>", "b": ["your_repo", "ok"], "c": {"d": "..."}}') == 3
+    assert placeholder_count('{"a": "octo"}') == 0
+
+
+def test_tune_and_heldout_are_disjoint_and_cover():
+    from tests.conftest import QUERIES
+
+    lines = load_queries(QUERIES)
+    tune, held = tune_split(lines)
+    assert tune and held and len(tune) + len(held) == len(lines)
+    assert not {ln.id for ln in tune} & {ln.id for ln in held}
+
+
+def test_sample_is_seeded_and_stratified():
+    lines = [QueryLine(id=f"t-{i}", server=s, tool="x", query="q", args={}, history=())
+             for i, s in enumerate(["a"] * 5 + ["b"] * 5)]
+    s1, s2 = sample_lines(lines, 4, 3), sample_lines(lines, 4, 3)
+    assert [x.id for x in s1] == [x.id for x in s2]
+    assert {x.server for x in s1} == {"a", "b"}
