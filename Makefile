@@ -19,12 +19,12 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config
+.PHONY: help setup deps proto native models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-setup: deps proto native  ## venv + pinned deps + protos + native core (idempotent; quick when done)
+setup: deps proto native models  ## venv + pinned deps + protos + native core + gate model (idempotent; quick when done)
 	@$(PY) -c "import llama_cpp, sentence_transformers, grpc, nexus.v1.router_pb2" && echo "setup: ok"
 
 $(PY):
@@ -72,6 +72,15 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 	$(PY) -m grpc_tools.protoc -Iprotos --include_imports --descriptor_set_out=nexus/v1/descriptor.pb $(PROTOS)
 	touch $@
 
+# The router's gate model (fine-tuned query encoder + cross-encoder + calibrated tau), trained once from the
+# shared training queries; `nexus train-gate` keeps the cached model when its data/seed/hyper-parameter hash
+# matches, so this is quick after the first run.
+GATE_DIR ?= var/models/gate
+models: $(GATE_DIR)/.stamp  ## train the router's gate model (once; cached under var/models)
+$(GATE_DIR)/.stamp: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES)
+	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --out $(GATE_DIR) $(if $(CI),--quiet,)
+	touch $@
+
 native: $(VENV)/.stamp-native  ## build the pybind11 core
 $(VENV)/.stamp-native: $(NATIVE_SRC) $(VENV)/.stamp-deps
 	@if [ -f native/pyproject.toml ]; then $(PIP) install -q --no-build-isolation ./native; fi
@@ -87,6 +96,13 @@ stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the 
 
 bench: native  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice)
 	$(PY) bench/native_bench.py
+
+eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
+	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --json reports/routing.json
+	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
+	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json
+	$(VENV)/bin/nexus eval ttft --json reports/splice_ttft.json
+	$(VENV)/bin/nexus eval drift --json reports/splice_drift.json
 
 test: setup  ## unit + integration + quick end-to-end with the real model
 	$(PY) -m pytest -q tests

@@ -6,7 +6,8 @@
     nexus ingest --mcp "CMD ARGS"           register the tools of a live MCP server (stdio)
     nexus route "QUERY"                     route a request
     nexus generate --tool NAME "QUERY"      stream the arguments for a tool call
-    nexus eval args|…                       evaluations (JSON report + PNG plot)
+    nexus train-gate --queries F --tools D  fine-tune the router's query encoder + cross-encoder gate
+    nexus eval routing|args|fidelity|ttft|drift   evaluations (JSON report + PNG plot)
 """
 
 from __future__ import annotations
@@ -267,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     from services.evals.args import add_args_eval_parser
 
     add_args_eval_parser(esub)
+    from services.evals.cli_routing import add_routing_eval_parser, add_train_gate_parser
+
+    add_routing_eval_parser(esub)
+    add_train_gate_parser(sub)
     from services.evals.splice_fidelity import add_drift_parser, add_fidelity_parser, add_ttft_parser
 
     add_fidelity_parser(esub)

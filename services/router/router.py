@@ -17,6 +17,8 @@ from services.common.tools import Tool, parse_tool
 from services.compiler.compiler import decode_embedding, embedding_key, encode_embedding
 from services.compiler.signature import signature
 from services.router.config import RouterConfig
+from services.router.context import routing_text as _routing_text
+from services.router.gate import GateModel, ce_tool_text, fuse, load_gate, set_threads
 from services.router.slb import SemanticIndex
 
 log = logging.getLogger("nexus.router")
@@ -39,6 +41,11 @@ class RouteDecision:
     candidates: list[tuple[str, float]]
     route_ms: float
     registry_version: int
+    # How the decision was made: "auto" (margin >= tau), "escalated" (cross-encoder re-ranked the top
+    # candidates), "slb-only" (no gate model loaded: escalation disabled).
+    gate: str = "auto"
+    # The SLB's own ranking (before any re-ranking), best first; the evaluation reads it.
+    slb_candidates: list[tuple[str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -53,13 +60,10 @@ class RegistryView:
     version: int = -1
 
 
-def routing_text(query: str, history: Sequence[HistoryTurn]) -> str:
-    """The text embedded for a request: the query, preceded by the last user turn when there is history
-    (so "merge it" carries what "it" was). Tool payloads are never embedded."""
-    last_user = next((t.content for t in reversed(history) if t.role == "user" and t.content.strip()), "")
-    if last_user:
-        return f"{last_user[:300]}\n{query}"
-    return query
+def routing_text(query: str, history: Sequence[HistoryTurn], max_turns: int = 4) -> str:
+    """The text encoded for a request: the query, then a pruned window of the history (recent turns
+    verbatim, tool payloads as short surrogates); see ``services.router.context``."""
+    return _routing_text(query, history, max_turns=max_turns)
 
 
 class Router:
@@ -67,9 +71,51 @@ class Router:
         self.config = config
         self.store = store
         self.embedder = embedder
-        self.index = SemanticIndex(embedder.dim)
+        set_threads(config.torch_threads)
+        self.gate: GateModel | None = load_gate(config.gate_model_dir, threads=config.torch_threads)
+        if self.gate is not None and self.gate.info.meta.get("base_embedder_fingerprint") != embedder.fingerprint:
+            # the query encoder was trained against another embedder's tool keys: its vectors would not match
+            log.error("gate model %s was trained for another embedder; routing is SLB-only (escalation disabled)",
+                      self.gate.info.path)
+            self.gate = None
+        self.index = SemanticIndex(embedder.dim, exemplar_weight=config.exemplar_weight,
+                                   prefer_native=config.native_scan)
         self.view = RegistryView()
+        self._ce_texts: dict[str, str] = {}
         self._sync_lock = asyncio.Lock()
+        if self.gate is not None:
+            info = self.gate.info
+            log.info("gate model loaded", extra={"path": info.path, "tau": info.tau, "alpha": info.alpha,
+                                                 "ce_top_k": info.ce_top_k})
+            # warm both models so the first request does not pay for lazy initialisation
+            self.gate.embed_query("warm up")
+            self.gate.ce_scores("warm up", ["warm up"])
+            if info.alpha <= 0:
+                log.warning("gate model %s: validation gave the cross-encoder weight alpha=0, so it never changes a "
+                            "decision; escalation is off (SLB with the tuned query encoder only)", info.path)
+            if config.exemplar_weight:
+                self.index.set_exemplars(self._exemplar_keys())
+        log.info("SLB scan backend", extra={"backend": self.index.backend_name})
+
+    def _exemplar_keys(self) -> dict[str, np.ndarray]:
+        """Exemplar keys: the gate's training requests, embedded with its query encoder, per tool."""
+        import json
+        from pathlib import Path
+
+        assert self.gate is not None
+        path = Path(self.gate.info.path) / "exemplars.jsonl"
+        if not path.is_file():
+            return {}
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        vecs = self.gate.embed_queries([r["text"] for r in rows]) if rows else np.zeros((0, self.embedder.dim))
+        out: dict[str, list[np.ndarray]] = {}
+        for r, v in zip(rows, vecs, strict=True):
+            out.setdefault(r["tool"], []).append(v)
+        return {k: np.vstack(v) for k, v in out.items()}
+
+    @property
+    def escalation_enabled(self) -> bool:
+        return self.gate is not None
 
     # -- validation -------------------------------------------------------------------------
     def _check_query(self, query: str, history: Sequence[HistoryTurn], top_k: int | None) -> int:
@@ -104,8 +150,8 @@ class Router:
         vecs: dict[str, np.ndarray] = {}
         missing: list[Tool] = []
         for name, tool in tools.items():
-            if name in old and old[name].tool.schema_hash == tool.schema_hash and name in self.index._pos:
-                vecs[name] = self.index._mat[self.index._pos[name]]
+            if name in old and old[name].tool.schema_hash == tool.schema_hash and name in self.index:
+                vecs[name] = self.index.vector(name)
             else:
                 missing.append(tool)
         # Batch-embed the tools whose artifact is not in the store (first start, other embedder).
@@ -122,7 +168,9 @@ class Router:
                 self.store.put(embedding_key(t, self.embedder.fingerprint), encode_embedding(v),
                                {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim})
                 vecs[t.name] = v
+        # Build the new index and views first, then swap: routing keeps using the old ones meanwhile.
         self.index.replace_all({n: vecs[n] for n in sorted(tools)})
+        self._ce_texts = {n: ce_tool_text(t) for n, t in tools.items()}
         self.view = RegistryView(
             tools={n: ToolEntry(t, old[n].signature if n in old and old[n].tool.schema_hash == t.schema_hash
                                 else signature(t)) for n, t in tools.items()},
@@ -185,16 +233,45 @@ class Router:
         view = self.view
         if not view.tools:
             raise EmptyRegistry("no tools are registered; call RegisterTools first")
-        qvec = self.embedder.embed_one(routing_text(query, history))
-        cands = self.index.search(qvec, max(k, 2))
-        best, score = cands[0]
-        margin = score - cands[1][1] if len(cands) > 1 else 0.0
+        return self.decide(routing_text(query, history, self._max_turns()), k, t0=t0, version=view.version)
+
+    def _max_turns(self) -> int:
+        return self.gate.info.max_turns if self.gate is not None else 4
+
+    def embed_request(self, text: str) -> np.ndarray:
+        """The query vector: the gate's fine-tuned query encoder, or the base embedder without a gate."""
+        return self.gate.embed_query(text) if self.gate is not None else self.embedder.embed_one(text)
+
+    def decide(self, text: str, k: int, *, allowed: np.ndarray | None = None, t0: float | None = None,
+               version: int | None = None) -> RouteDecision:
+        """SLB scan -> margin gate -> (cross-encoder) for an already-built routing text. ``allowed``
+        restricts the candidates to a subset of the index (the evaluation's per-query registries)."""
+        t0 = time.perf_counter() if t0 is None else t0
+        gate = self.gate
+        n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0)
+        qvec = self.embed_request(text)
+        slb = self.index.search(qvec, n_slb, allowed=allowed)
+        if not slb:
+            raise EmptyRegistry("no tools are registered; call RegisterTools first")
+        margin = slb[0][1] - slb[1][1] if len(slb) > 1 else float("inf")
+        final = slb
+        mode = "slb-only" if gate is None else "auto"
+        # alpha == 0 (validation found the cross-encoder adds nothing): re-ranking could not change the order
+        if gate is not None and gate.info.alpha > 0 and len(slb) > 1 and margin < gate.info.tau:
+            top = slb[: gate.info.ce_top_k]
+            logits = gate.ce_scores(text, [self._ce_texts.get(n, n.replace("_", " ")) for n, _ in top])
+            fused = fuse(np.array([s for _, s in top], np.float32), logits, gate.info.alpha)
+            order = np.argsort(-fused, kind="stable")
+            final = [(top[i][0], float(fused[i])) for i in order] + list(slb[gate.info.ce_top_k:])
+            mode = "escalated"
         return RouteDecision(
-            tool=best,
-            score=score,
-            margin=margin,
-            escalated=False,
-            candidates=cands[:k],
+            tool=final[0][0],
+            score=final[0][1],
+            margin=float(margin) if np.isfinite(margin) else 0.0,
+            escalated=mode == "escalated",
+            candidates=final[:k],
             route_ms=(time.perf_counter() - t0) * 1e3,
-            registry_version=view.version,
+            registry_version=self.view.version if version is None else version,
+            gate=mode,
+            slb_candidates=slb,
         )

@@ -1,68 +1,232 @@
-"""Semantic lookaside buffer: the tool embedding matrix and its top-k scan."""
+"""Semantic lookaside buffer (SLB): INT8-quantized tool keys and their top-k scan.
+
+Every tool has one *text key*: the unit-norm embedding of its text (``tool_text``: name with ``_`` read as
+spaces + description, the measured best of the variants in reports/routing_experiments.md). A tool may also
+have *exemplar keys*: embeddings of queries known to route to it. A tool's score is
+
+    text_sim + exemplar_weight * (best exemplar sim, or text_sim when the tool has no exemplar)
+
+so with ``exemplar_weight == 0`` (the default: exemplars measured worse on held-out queries) it is plain
+cosine similarity, and tools without exemplars are never penalised against tools with them.
+
+Keys are quantized symmetric per vector to INT8 (``q = clip(rint(x * 127 / max|x|), -127, 127)``, scale
+``max|x| / 127``); the query is quantized the same way and a row's score is
+``float(int_dot(q_row, q_query)) * scale_row * scale_query``. The scan runs in the native module
+``nexus_native.Int8Index`` when it is importable, else in ``NumpyInt8Index``, a reference with identical
+semantics; ``int8_backend`` is the one seam between the two.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+log = logging.getLogger("nexus.router")
 
-class SemanticIndex:
-    """Unit-norm tool vectors keyed by name; ``search`` returns the top-k by cosine similarity."""
+
+def quantize_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-vector INT8 along the last axis; returns ``(q int8, scale float32)``.
+    An all-zero vector quantizes to zeros with scale 0."""
+    x = np.asarray(x, dtype=np.float32)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("vector has a non-finite element (nan or inf)")
+    maxabs = np.max(np.abs(x), axis=-1, keepdims=True).astype(np.float32)
+    safe = np.where(maxabs == 0, np.float32(1), maxabs).astype(np.float32)
+    inv = (np.float32(127.0) / safe).astype(np.float32)
+    q = np.clip(np.rint((x * inv).astype(np.float32)), -127, 127).astype(np.int8)
+    q = np.where(maxabs == 0, np.int8(0), q).astype(np.int8)
+    return q, (maxabs / np.float32(127.0)).astype(np.float32)[..., 0]
+
+
+class NumpyInt8Index:
+    """Pure-numpy INT8 index with the scoring semantics of ``nexus_native.Int8Index`` (rows in id order)."""
+
+    isa = "numpy"
 
     def __init__(self, dim: int):
         self.dim = dim
-        self._names: list[str] = []
-        self._pos: dict[str, int] = {}
-        self._mat = np.zeros((0, dim), dtype=np.float32)
-        self._lock = threading.Lock()
+        self._q = np.zeros((0, dim), np.int8)
+        self._scale = np.zeros(0, np.float32)
 
     def __len__(self) -> int:
-        return len(self._names)
+        return len(self._scale)
+
+    def add(self, vectors: np.ndarray) -> None:
+        q, s = quantize_int8(np.asarray(vectors, np.float32).reshape(-1, self.dim))
+        self._q = np.ascontiguousarray(np.vstack([self._q, q]))
+        self._scale = np.concatenate([self._scale, s])
+
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        q, qs = quantize_int8(np.asarray(query, np.float32).reshape(1, self.dim))
+        dots = self._q.astype(np.int32) @ q[0].astype(np.int32)
+        return (dots.astype(np.float32) * self._scale * qs[0]).astype(np.float32)
+
+
+class _NativeInt8Index:
+    """Adapter over ``nexus_native.Int8Index``: rows get ids 0..n-1 in insertion order; ``scores`` returns
+    them in that order whatever the native row order."""
+
+    def __init__(self, native_cls, dim: int):
+        self._idx = native_cls(dim)
+        self.dim = dim
+        self.isa = str(self._idx.isa)
+        self._n = 0
+        self._order: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, vectors: np.ndarray) -> None:
+        v = np.ascontiguousarray(np.asarray(vectors, np.float32).reshape(-1, self.dim))
+        ids = np.arange(self._n, self._n + len(v), dtype=np.int64)
+        self._idx.add(v, ids)
+        self._n += len(v)
+        row_ids = np.asarray(self._idx.ids(), np.int64)
+        self._order = None if np.array_equal(row_ids, np.arange(self._n)) else np.argsort(row_ids)
+
+    def scores(self, query: np.ndarray) -> np.ndarray:
+        s = np.asarray(self._idx.scores(np.ascontiguousarray(query, dtype=np.float32)), np.float32)
+        return s if self._order is None else s[self._order]
+
+
+def int8_backend(dim: int, prefer_native: bool = True):
+    """The INT8 scan: ``nexus_native.Int8Index`` when importable (and wanted), else the numpy reference.
+    Both expose ``add(vectors)``, ``scores(query) -> float32[n]`` in insertion order, ``isa``, ``len``."""
+    if prefer_native:
+        try:
+            from nexus_native import Int8Index  # type: ignore[import-not-found]
+
+            return _NativeInt8Index(Int8Index, dim)
+        except ImportError:
+            pass
+    return NumpyInt8Index(dim)
+
+
+class _Snapshot:
+    """An immutable built index: swapped in whole so readers never see a half-built one."""
+
+    def __init__(self, dim: int, names: list[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray],
+                 exemplar_weight: float, prefer_native: bool):
+        self.names = names
+        self.pos = {n: i for i, n in enumerate(names)}
+        self.text = np.ascontiguousarray(text, np.float32).reshape(len(names), dim)
+        self.exemplar_weight = float(exemplar_weight)
+        self.backend = int8_backend(dim, prefer_native)
+        groups: list[int] = []
+        ex_rows: list[np.ndarray] = []
+        if self.exemplar_weight != 0.0:
+            for name in names:  # grouped by tool, in tool order, for reduceat
+                vecs = exemplars.get(name)
+                if vecs is None or len(vecs) == 0:
+                    continue
+                vecs = np.asarray(vecs, np.float32).reshape(-1, dim)
+                ex_rows.append(vecs)
+                groups.extend([self.pos[name]] * len(vecs))
+        if names:
+            self.backend.add(self.text)
+        self.n_exemplars = len(groups)
+        if groups:
+            self.backend.add(np.vstack(ex_rows))
+            g = np.asarray(groups, np.int64)
+            self.ex_tools = np.unique(g)
+            self.ex_starts = np.searchsorted(g, self.ex_tools)
+
+    def tool_scores(self, query: np.ndarray) -> np.ndarray:
+        s = self.backend.scores(query)
+        n = len(self.names)
+        text = s[:n]
+        if self.n_exemplars == 0:
+            return text
+        best = text.copy()
+        best[self.ex_tools] = np.maximum.reduceat(s[n:], self.ex_starts)
+        return text + self.exemplar_weight * best
+
+
+class SemanticIndex:
+    """Tool keys by name; ``search`` returns the top-k tools by (INT8) score. Thread-safe: builds are
+    serialised and swapped in atomically; searches read one consistent snapshot."""
+
+    def __init__(self, dim: int, exemplar_weight: float = 0.0, prefer_native: bool = True):
+        self.dim = dim
+        self.exemplar_weight = float(exemplar_weight)
+        self.prefer_native = prefer_native
+        self._exemplars: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._snap = _Snapshot(dim, [], np.zeros((0, dim), np.float32), {}, 0.0, prefer_native)
+
+    def __len__(self) -> int:
+        return len(self._snap.names)
+
+    @property
+    def backend_name(self) -> str:
+        return self._snap.backend.isa
 
     def names(self) -> list[str]:
-        return list(self._names)
+        return list(self._snap.names)
 
-    def upsert(self, items: dict[str, np.ndarray]) -> None:
-        with self._lock:
-            rows = list(self._mat)
-            for name, vec in items.items():
-                vec = np.asarray(vec, dtype=np.float32).reshape(self.dim)
-                if name in self._pos:
-                    rows[self._pos[name]] = vec
-                else:
-                    self._pos[name] = len(self._names)
-                    self._names.append(name)
-                    rows.append(vec)
-            self._mat = np.ascontiguousarray(np.vstack(rows) if rows else np.zeros((0, self.dim), np.float32))
+    def __contains__(self, name: str) -> bool:
+        return name in self._snap.pos
 
-    def remove(self, names: list[str]) -> None:
-        with self._lock:
-            drop = {n for n in names if n in self._pos}
-            if not drop:
-                return
-            keep = [i for i, n in enumerate(self._names) if n not in drop]
-            self._names = [self._names[i] for i in keep]
-            self._mat = np.ascontiguousarray(self._mat[keep]) if keep else np.zeros((0, self.dim), np.float32)
-            self._pos = {n: i for i, n in enumerate(self._names)}
+    def vector(self, name: str) -> np.ndarray:
+        """The float text key of a tool (``KeyError`` if absent)."""
+        snap = self._snap
+        return snap.text[snap.pos[name]]
 
-    def replace_all(self, items: dict[str, np.ndarray]) -> None:
+    def set_exemplars(self, exemplars: Mapping[str, np.ndarray]) -> None:
+        """Exemplar keys per tool name (used from the next build on; tools not registered are ignored)."""
         with self._lock:
-            self._names = list(items)
-            self._pos = {n: i for i, n in enumerate(self._names)}
-            self._mat = (
-                np.ascontiguousarray(np.vstack([np.asarray(v, np.float32) for v in items.values()]))
-                if items
-                else np.zeros((0, self.dim), np.float32)
-            )
+            self._exemplars = {k: np.asarray(v, np.float32).reshape(-1, self.dim) for k, v in exemplars.items()}
+            snap = self._snap
+            self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
+                                   self.prefer_native)
 
-    def search(self, query: np.ndarray, k: int) -> list[tuple[str, float]]:
+    def replace_all(self, items: Mapping[str, np.ndarray]) -> None:
+        """Rebuild from ``{name: text key}`` (the registry's order is kept)."""
+        names = list(items)
+        for n, v in items.items():
+            if np.asarray(v).size != self.dim:
+                raise ValueError(f"key of {n!r} has {np.asarray(v).size} values, expected {self.dim}")
+        text = (np.vstack([np.asarray(items[n], np.float32).reshape(1, self.dim) for n in names])
+                if names else np.zeros((0, self.dim), np.float32))
         with self._lock:
-            names, mat = self._names, self._mat
-        if not names:
+            self._snap = _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native)
+
+    def upsert(self, items: Mapping[str, np.ndarray]) -> None:
+        with self._lock:
+            snap = self._snap
+            current = {n: snap.text[i] for i, n in enumerate(snap.names)}
+        current.update(items)
+        self.replace_all(current)
+
+    def remove(self, names: Iterable[str]) -> None:
+        drop = set(names)
+        with self._lock:
+            snap = self._snap
+            current = {n: snap.text[i] for i, n in enumerate(snap.names) if n not in drop}
+        self.replace_all(current)
+
+    def scores(self, query: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Every tool's score for ``query`` (names in index order)."""
+        snap = self._snap
+        if not snap.names:
+            return [], np.zeros(0, np.float32)
+        return snap.names, snap.tool_scores(np.asarray(query, np.float32).reshape(self.dim))
+
+    def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> list[tuple[str, float]]:
+        """Top-``k`` tools, best first (ties: registry order). ``allowed``: optional boolean mask over the
+        index order restricting the candidates (used by the evaluation's per-query registries)."""
+        names, s = self.scores(query)
+        if not names or k <= 0:
             return []
-        scores = mat @ np.asarray(query, dtype=np.float32)
+        if allowed is not None:
+            s = np.where(allowed, s, -np.inf)
+            k = min(k, int(np.count_nonzero(allowed)))
         k = min(k, len(names))
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [(names[i], float(scores[i])) for i in top]
+        if k <= 0:
+            return []
+        top = np.argpartition(-s, k - 1)[:k]
+        top = top[np.lexsort((top, -s[top]))]
+        return [(names[i], float(s[i])) for i in top]

@@ -1,0 +1,137 @@
+"""CLI wiring for routing: ``nexus eval routing`` and ``nexus train-gate``.
+
+``services/cli.py`` wires them:
+
+    eval_sub = sub.add_parser("eval", ...).add_subparsers(dest="eval_cmd", required=True)
+    add_routing_eval_parser(eval_sub)        # -> nexus eval routing ...
+    add_train_gate_parser(sub)               # -> nexus train-gate ...
+
+Each parser sets ``fn`` (args -> exit code), the convention of ``services.cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _hp_from_args(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from services.router.training import GateHyperParams
+
+    kw = {"seed": args.seed}
+    for name in ("q_epochs", "ce_epochs", "q_lr", "ce_lr", "ce_negatives", "ce_top_k", "threads"):
+        v = getattr(args, name, None)
+        if v is not None:
+            kw[name] = v
+    return replace(GateHyperParams(), **kw)
+
+
+def _add_hp_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="split/shuffle/init seed (training is deterministic for it)")
+    p.add_argument("--q-epochs", dest="q_epochs", type=int, help="query-encoder epochs (default 3)")
+    p.add_argument("--ce-epochs", dest="ce_epochs", type=int, help="cross-encoder epochs (default 1)")
+    p.add_argument("--q-lr", dest="q_lr", type=float, help="query-encoder learning rate")
+    p.add_argument("--ce-lr", dest="ce_lr", type=float, help="cross-encoder learning rate")
+    p.add_argument("--ce-negatives", dest="ce_negatives", type=int, help="hard negatives per query")
+    p.add_argument("--ce-top-k", dest="ce_top_k", type=int, help="candidates the cross-encoder re-ranks")
+    p.add_argument("--threads", type=int, help="torch threads (default 2)")
+
+
+def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
+    """``routing`` under the ``eval`` command's subparsers."""
+    p = subparsers.add_parser("routing", help="routing accuracy vs registry size on held-out queries (+ plot)",
+                              description=(__import__("services.evals.routing", fromlist=["x"]).__doc__ or ""),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--queries", required=True, help="JSONL of {id, tool, query, args, history}")
+    p.add_argument("--tools", required=True, help="registry directory (like shared/data/mcp_tools)")
+    p.add_argument("--sizes", default="10,50,100,250,all", help="registry sizes, comma-separated ('all' allowed)")
+    p.add_argument("--json", required=True, dest="out", help="report JSON (the PNG plot is written beside it)")
+    p.add_argument("--plot", default=None, help="PNG path (default: OUT with .png)")
+    p.add_argument("--folds", type=int, default=3, help="k of the held-out k-fold (per tool line)")
+    p.add_argument("--holdout-server", default="kubernetes", help="server held out for generalization ('' = skip)")
+    p.add_argument("--concat-limit", type=int, default=30, help="lines sampled for the concat-all baseline")
+    p.add_argument("--no-concat", action="store_true", help="skip the concat-all baseline")
+    p.add_argument("--model", default="", help="engine GGUF for concat-all (default SmolLM2-135M)")
+    p.add_argument("--models-root", default="var/models", help="cache directory of trained gate models")
+    p.add_argument("--exemplar-weight", type=float, default=0.0, help="SLB exemplar-key weight (ablation)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_hp_args(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from services.evals.routing import evaluate
+
+        t0 = time.time()
+        rep = evaluate(args.queries, args.tools, args.sizes, args.out, seed=args.seed, folds=args.folds,
+                       holdout_server=args.holdout_server, concat_limit=args.concat_limit,
+                       models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
+                       progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model)
+        brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
+                                          "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
+        print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],
+                          "seconds": round(time.time() - t0)}, indent=2))
+        return 0
+
+    p.set_defaults(fn=run)
+    return p
+
+
+def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
+    """``train-gate`` at the top level: train (or keep the cached) gate model the router loads."""
+    p = subparsers.add_parser("train-gate", help="train the router's query encoder + cross-encoder gate")
+    p.add_argument("--queries", required=True, help="training JSONL (shared/data/queries/train.jsonl)")
+    p.add_argument("--tools", required=True, help="registry directory the queries route over")
+    p.add_argument("--out", default="var/models/gate",
+                   help="model directory (RouterConfig.gate_model_dir); kept when its data hash matches")
+    p.add_argument("--force", action="store_true", help="retrain even when the cached model matches")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_hp_args(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from services.evals.routing_models import prepare_training_env
+
+        prepare_training_env()
+        import logging
+
+        from services.evals.data import equivalents, load_queries, load_registry
+        from services.router.training import train_gate
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        lines = load_queries(args.queries)
+        registry = load_registry(args.tools)
+        t0 = time.time()
+        doc = train_gate(lines, registry.tools, args.out, _hp_from_args(args), equivalents=equivalents,
+                         progress=not args.quiet, force=args.force)
+        keys = ("tau", "alpha", "ce_top_k", "n_fit", "n_val", "val_gated_accuracy", "val_escalation_rate",
+                "train_seconds", "data_hash")
+        print(json.dumps({k: doc.get(k) for k in keys} | {"out": args.out, "seconds": round(time.time() - t0)},
+                         indent=2), file=sys.stdout)
+        return 0
+
+    p.set_defaults(fn=run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m services.evals.cli_routing eval routing ...`` / ``... train-gate ...``)
+    for use before ``services.cli`` wires these commands."""
+    from services.common.errors import NexusError
+
+    parser = argparse.ArgumentParser(prog="nexus")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ev = sub.add_parser("eval", help="offline evaluations").add_subparsers(dest="eval_cmd", required=True)
+    add_routing_eval_parser(ev)
+    add_train_gate_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except NexusError as e:
+        print(f"nexus: {type(e).__name__}: {e.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

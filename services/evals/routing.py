@@ -1,0 +1,390 @@
+"""Routing evaluation: ``nexus eval routing --queries FILE --tools DIR --sizes 10,50,100,250,all --json OUT``.
+
+Protocol (also written into the report as ``protocol``):
+
+* Held-out scoring. The query lines are split into k folds (default 3) per tool: each tool's lines (slots)
+  are mapped to folds by a seeded permutation, so a fold holds at most one line of a tool and mixes the
+  three wording styles. For fold f a gate model (query encoder, cross-encoder, tau, alpha, and the
+  optional exemplar keys) is trained on the other folds' lines only; fold f's lines are routed by it. Every
+  line is thus scored exactly once, by a model that never saw it (nor used it for calibration/validation).
+* Registries. For size N a line's registry is its target plus N-1 distractors: the target's own server
+  first (drawn at random if it alone exceeds N-1), then other servers' tools, drawn with ``--seed``;
+  ``all`` is the whole directory. The router scans its full index restricted to that registry.
+* Correctness counts the equivalence groups of queries/README.md as correct.
+* Latency ``route_ms`` is measured per routed request inside the router (query embedding + INT8 scan +
+  gate + cross-encoder when escalated), in-process; gRPC latency is bench/routing_grpc.py.
+* Generalization: a model trained with one server's lines removed routes that server's lines.
+* concat-all: the engine model (SmolLM2-135M GGUF) reads every schema of the registry in its prompt and
+  names a tool under a grammar that only allows the registry's names, for a bounded sample of lines, at
+  the sizes whose prompts fit its training context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.evals.data import (
+    QueryLine,
+    Registry,
+    assign_folds,
+    is_correct,
+    load_queries,
+    load_registry,
+    parse_sizes,
+    query_registry,
+)
+from services.evals.stats import percentile, wilson
+
+log = logging.getLogger("nexus.evals.routing")
+
+
+def _size_n(size: str, registry: Registry) -> int:
+    return len(registry.tools) if size == "all" else min(int(size), len(registry.tools))
+
+
+def registries_for(lines: Sequence[QueryLine], sizes: Sequence[str], registry: Registry,
+                   seed: int) -> dict[str, list[list[str]]]:
+    """Per size, each line's registry (in line order; one seeded generator per size)."""
+    out = {}
+    for i, size in enumerate(sizes):
+        rng = random.Random(seed * 1_000_003 + i)
+        out[size] = [query_registry(ln.tool, size, registry, rng) for ln in lines]
+    return out
+
+
+def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = 0.0):
+    from services.router.config import RouterConfig
+    from services.router.router import Router
+
+    cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir or ""), torch_threads=threads,
+                       exemplar_weight=exemplar_weight)
+    router = Router(cfg, store, embedder)
+    asyncio.run(router.sync(force=True))
+    return router
+
+
+def route_lines(router, lines: Sequence[QueryLine], regs: dict[str, list[list[str]]], idxs: Sequence[int],
+                progress=None) -> dict[str, list[dict[str, Any]]]:
+    """Route lines ``idxs`` over each size's registries; one record per (size, line)."""
+    from services.router.router import routing_text
+
+    names = router.index.names()
+    pos = {n: i for i, n in enumerate(names)}
+    out: dict[str, list[dict[str, Any]]] = {s: [] for s in regs}
+    for i in idxs:
+        ln = lines[i]
+        text = routing_text(ln.query, list(ln.history), router._max_turns())
+        for size, per_line in regs.items():
+            mask = np.zeros(len(names), bool)
+            mask[[pos[n] for n in per_line[i]]] = True
+            d = router.decide(text, 3, allowed=mask)
+            slb = [n for n, _ in d.slb_candidates[:3]]
+            out[size].append({"i": i, "id": ln.id, "tool": ln.tool, "pred": d.tool, "correct": is_correct(d.tool, ln.tool),
+                              "slb_top1": is_correct(slb[0], ln.tool),
+                              "slb_top3": any(is_correct(n, ln.tool) for n in slb),
+                              "escalated": d.escalated, "margin": d.margin, "route_ms": d.route_ms,
+                              "slot": ln.slot, "multi_turn": bool(ln.history)})
+        if progress is not None:
+            progress.update(1)
+    return out
+
+
+def summarize(records: list[dict[str, Any]], n_tools: int) -> dict[str, Any]:
+    n = len(records)
+    ok = sum(r["correct"] for r in records)
+    ms = [r["route_ms"] for r in records]
+    esc = [r for r in records if r["escalated"]]
+    top1 = sum(r["slb_top1"] for r in records)
+    top3 = sum(r["slb_top3"] for r in records)
+    out = {
+        "n": n,
+        "registry_size": n_tools,
+        "accuracy": ok / n if n else None,
+        "ci95": list(wilson(ok, n)),
+        "slb_top1": top1 / n if n else None,
+        "slb_top1_ci95": list(wilson(top1, n)),
+        "slb_top3": top3 / n if n else None,
+        "slb_top3_ci95": list(wilson(top3, n)),
+        "escalation_rate": len(esc) / n if n else None,
+        "accuracy_escalated": (sum(r["correct"] for r in esc) / len(esc)) if esc else None,
+        "slb_top1_escalated": (sum(r["slb_top1"] for r in esc) / len(esc)) if esc else None,
+        "accuracy_auto": (sum(r["correct"] for r in records if not r["escalated"]) / (n - len(esc))) if n > len(esc) else None,
+        "route_ms_p50": percentile(ms, 50) if ms else None,
+        "route_ms_p99": percentile(ms, 99) if ms else None,
+        "accuracy_by_slot": {},
+        "accuracy_multi_turn": None,
+    }
+    for slot in sorted({r["slot"] for r in records}):
+        rs = [r for r in records if r["slot"] == slot]
+        out["accuracy_by_slot"][str(slot)] = {"n": len(rs), "accuracy": sum(r["correct"] for r in rs) / len(rs)}
+    mt = [r for r in records if r["multi_turn"]]
+    if mt:
+        out["accuracy_multi_turn"] = {"n": len(mt), "accuracy": sum(r["correct"] for r in mt) / len(mt),
+                                      "ci95": list(wilson(sum(r["correct"] for r in mt), len(mt)))}
+    return out
+
+
+def base_slb_summary(embedder, router, lines: Sequence[QueryLine], regs: dict[str, list[list[str]]]) -> dict[str, Any]:
+    """Untrained baseline: base all-MiniLM-L6-v2 query embedding, cosine over the same text keys (INT8)."""
+    from services.router.router import routing_text
+
+    names = router.index.names()
+    pos = {n: i for i, n in enumerate(names)}
+    qv = embedder.embed([routing_text(ln.query, list(ln.history)) for ln in lines])
+    out = {}
+    for size, per_line in regs.items():
+        ok1 = ok3 = 0
+        for i, ln in enumerate(lines):
+            mask = np.zeros(len(names), bool)
+            mask[[pos[n] for n in per_line[i]]] = True
+            top = [n for n, _ in router.index.search(qv[i], 3, allowed=mask)]
+            ok1 += is_correct(top[0], ln.tool)
+            ok3 += any(is_correct(n, ln.tool) for n in top)
+        out[size] = {"n": len(lines), "slb_top1": ok1 / len(lines), "ci95": list(wilson(ok1, len(lines))),
+                     "slb_top3": ok3 / len(lines)}
+    return out
+
+
+# -- concat-all baseline ---------------------------------------------------------------------------------
+CONCAT_SYSTEM = ("You route a user's request to exactly one tool. These are the available tools, as JSON:\n")
+CONCAT_INSTRUCTION = "\nAnswer with the name of the one tool that fulfils the user's last request."
+
+
+def concat_prompt(tools: Sequence[Any], line: QueryLine) -> str:
+    """ChatML prompt (SmolLM2's template) with every schema of the registry in the system turn."""
+    schemas = "\n".join(json.dumps({"name": t.name, "description": t.description, "inputSchema": t.input_schema},
+                                   ensure_ascii=False) for t in tools)
+    parts = [f"<|im_start|>system\n{CONCAT_SYSTEM}{schemas}{CONCAT_INSTRUCTION}<|im_end|>\n"]
+    for role, content in line.history:
+        r = role if role in ("user", "assistant") else "user"
+        body = content if role != "tool" else f"[tool result] {content}"
+        parts.append(f"<|im_start|>{r}\n{body}<|im_end|>\n")
+    parts.append(f"<|im_start|>user\n{line.query}<|im_end|>\n<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def names_grammar(names: Sequence[str]) -> str:
+    """GBNF: exactly one of the names."""
+    def lit(s: str) -> str:
+        return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return "root ::= " + " | ".join(lit(n) for n in names) + "\n"
+
+
+def concat_all(lines: Sequence[QueryLine], sizes: Sequence[str], registry: Registry, regs: dict[str, list[list[str]]],
+               limit: int, seed: int, model_path: str = "", progress: bool = True) -> dict[str, Any]:
+    """For each size: prompt tokens of a bounded sample of lines (real tokenizer), whether every prompt fits the
+    model's training context, and, where they fit, the model's routing accuracy (greedy, names-only grammar)."""
+    from llama_cpp import Llama, LlamaGrammar
+    from tqdm import tqdm
+
+    from services.common.models import resolve_gguf
+    from services.compiler.tokenizer import load_tokenizer
+
+    tokenize = load_tokenizer(model_path)
+    probe = Llama(model_path=str(resolve_gguf(model_path)), n_ctx=256, n_threads=1, verbose=False)
+    n_ctx_train = int(probe._model.n_ctx_train())  # the context length the model was trained with
+    del probe
+    by_name = registry.by_name()
+    sample = sorted(random.Random(seed).sample(range(len(lines)), min(limit, len(lines))))
+    answer_margin = 48
+    out: dict[str, Any] = {"model": str(resolve_gguf(model_path)), "n_ctx_train": n_ctx_train, "sample": len(sample),
+                           "sizes": {}}
+    llm = None
+    for size in sizes:
+        prompts = []
+        for i in sample:
+            tools = [by_name[n] for n in sorted(regs[size][i], key=registry.names.index)]
+            prompts.append((i, tools, concat_prompt(tools, lines[i])))
+        ntok = [len(tokenize(p)) for _, _, p in prompts]
+        fits = max(ntok) + answer_margin <= n_ctx_train
+        entry: dict[str, Any] = {"n_tools": _size_n(size, registry),
+                                 "fraction_of_prompts_fitting": sum(t + answer_margin <= n_ctx_train for t in ntok) / len(ntok),
+                                 "prompt_tokens_median": statistics.median(ntok),
+                                 "prompt_tokens_max": max(ntok), "prompt_tokens_min": min(ntok), "fits": fits,
+                                 "accuracy": None, "ci95": None, "n": 0}
+        if fits:
+            if llm is None:
+                llm = Llama(model_path=str(resolve_gguf(model_path)), n_ctx=n_ctx_train, n_threads=2, n_batch=512,
+                            verbose=False)
+            ok, ms = 0, []
+            for i, tools, prompt in tqdm(prompts, desc=f"concat-all N={size}", disable=not progress):
+                grammar = LlamaGrammar.from_string(names_grammar([t.name for t in tools]), verbose=False)
+                t0 = time.perf_counter()
+                res = llm.create_completion(prompt, max_tokens=48, temperature=0.0, top_k=1, grammar=grammar)
+                ms.append((time.perf_counter() - t0) * 1e3)
+                pred = res["choices"][0]["text"].strip()
+                ok += is_correct(pred, lines[i].tool)
+            entry.update(accuracy=ok / len(prompts), ci95=list(wilson(ok, len(prompts))), n=len(prompts),
+                         route_ms_p50=percentile(ms, 50))
+        out["sizes"][size] = entry
+    return out
+
+
+# -- plot ------------------------------------------------------------------------------------------------
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    sizes = list(report["sizes"])
+    xs = [report["sizes"][s]["registry_size"] for s in sizes]
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+
+    def series(vals, cis, label, style, color):
+        v = np.array(vals, float) * 100
+        lo = v - np.array([c[0] for c in cis]) * 100
+        hi = np.array([c[1] for c in cis]) * 100 - v
+        ax.errorbar(xs, v, yerr=[lo, hi], fmt=style, color=color, capsize=3, label=label)
+
+    series([report["sizes"][s]["accuracy"] for s in sizes], [report["sizes"][s]["ci95"] for s in sizes],
+           "Nexus: SLB + margin gate + cross-encoder", "o-", "#1d3557")
+    series([report["sizes"][s]["slb_top1"] for s in sizes], [report["sizes"][s]["slb_top1_ci95"] for s in sizes],
+           "SLB top-1 (tuned query encoder)", "s--", "#457b9d")
+    series([report["sizes"][s]["slb_top3"] for s in sizes], [report["sizes"][s]["slb_top3_ci95"] for s in sizes],
+           "SLB top-3", "^:", "#a8dadc")
+    base = report.get("baseline_untrained_slb") or {}
+    if base:
+        series([base[s]["slb_top1"] for s in sizes], [base[s]["ci95"] for s in sizes],
+               "untrained SLB top-1 (base MiniLM, name+description)", "x-.", "#999999")
+    concat = (report.get("concat_all") or {}).get("sizes", {})
+    cx = [report["sizes"][s]["registry_size"] for s in sizes if concat.get(s, {}).get("accuracy") is not None]
+    if cx:
+        cs = [s for s in sizes if concat.get(s, {}).get("accuracy") is not None]
+        v = np.array([concat[s]["accuracy"] for s in cs]) * 100
+        ax.errorbar(cx, v, yerr=[v - np.array([concat[s]["ci95"][0] for s in cs]) * 100,
+                                 np.array([concat[s]["ci95"][1] for s in cs]) * 100 - v],
+                    fmt="D-", color="#e63946", capsize=3, label="concat-all schemas (SmolLM2-135M)")
+    over = [report["sizes"][s]["registry_size"] for s in sizes if concat.get(s) and not concat[s]["fits"]]
+    if over:
+        ax.scatter(over, [2] * len(over), marker="x", color="#e63946", s=60,
+                   label="concat-all overflows the 8192-token context")
+    ax.set_xscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"{x}" for x in xs])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("registry size N (tools)")
+    ax.set_ylabel("routing accuracy, % (Wilson 95% CI)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Routing accuracy on held-out queries ({report['protocol']['folds']}-fold), "
+                 f"n = {report['sizes'][sizes[0]]['n']}", fontsize=10)
+    ax.legend(fontsize=7.5, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- the evaluation ---------------------------------------------------------------------------------------
+def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int = 0, folds: int = 3,
+             holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
+             exemplar_weight: float = 0.0, hp=None, progress: bool = True, plot_path: str | None = None,
+             skip_concat: bool = False, model_path: str = "") -> dict[str, Any]:
+    from services.evals.routing_models import prepare_training_env
+
+    prepare_training_env()
+    from tqdm import tqdm
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.routing_models import fold_models, holdout_model
+    from services.router.training import GateHyperParams
+
+    t_start = time.time()
+    hp = hp or GateHyperParams(seed=seed)
+    size_list = parse_sizes(sizes)
+    lines = load_queries(queries)
+    registry = load_registry(tools)
+    known = set(registry.names)
+    lines = [ln for ln in lines if ln.tool in known]
+    fold_of = assign_folds(lines, folds, seed)
+    regs = registries_for(lines, size_list, registry, seed)
+
+    fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress)
+    servers = registry.servers()
+    hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress) \
+        if holdout_server and holdout_server in servers else None
+
+    embedder = Embedder("")
+    records: dict[str, list[dict[str, Any]]] = {s: [] for s in size_list}
+    with tempfile.TemporaryDirectory(prefix="nexus-eval-store-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(registry.tools))
+        fold_meta = []
+        with tqdm(total=len(lines), desc="routing (held-out folds)", disable=not progress) as bar:
+            for f, gdir in enumerate(fold_dirs):
+                router = _open_router(store, embedder, gdir, exemplar_weight=exemplar_weight)
+                if router.gate is None:
+                    raise RuntimeError(f"gate model {gdir} did not load")
+                idxs = [i for i, g in enumerate(fold_of) if g == f]
+                for s, recs in route_lines(router, lines, regs, idxs, bar).items():
+                    records[s].extend(recs)
+                meta = router.gate.info.meta
+                fold_meta.append({"fold": f, "model": str(gdir), "n_eval": len(idxs), "n_fit": meta["n_fit"],
+                                  "n_val": meta["n_val"], "tau": meta["tau"], "alpha": meta["alpha"],
+                                  "val_gated_accuracy": meta["val_gated_accuracy"],
+                                  "val_escalation_rate": meta["val_escalation_rate"],
+                                  "train_seconds": meta["train_seconds"],
+                                  "query_encoder_best_epoch": meta["query_encoder"]["best_epoch"],
+                                  "cross_encoder_best_epoch": meta["cross_encoder"]["best_epoch"]})
+        base = base_slb_summary(embedder, router, lines, regs)
+        report_sizes = {s: summarize(sorted(records[s], key=lambda r: r["i"]), _size_n(s, registry))
+                        for s in size_list}
+
+        generalization = None
+        if hold_dir is not None:
+            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight)
+            idxs = [i for i, ln in enumerate(lines) if registry.server_of[ln.tool] == holdout_server]
+            held = route_lines(router, lines, regs, idxs)
+            in_dist = {s: summarize([r for r in records[s] if registry.server_of[r["tool"]] == holdout_server],
+                                    _size_n(s, registry)) for s in size_list}
+            generalization = {
+                "server": holdout_server, "model": str(hold_dir), "n": len(idxs),
+                "note": "trained without any line of this server; its tools stay registered (text keys only)",
+                "sizes": {s: summarize(held[s], _size_n(s, registry)) for s in size_list},
+                "same_lines_k_fold": {s: {k: in_dist[s][k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3")}
+                                      for s in size_list},
+            }
+    concat = None
+    if not skip_concat:
+        concat = concat_all(lines, size_list, registry, regs, concat_limit, seed, model_path, progress)
+    report = {
+        "protocol": {
+            "scheme": f"{folds}-fold by per-tool query slot (seeded permutation)",
+            "description": __doc__.split("Protocol (also written into the report as ``protocol``):")[1].strip(),
+            "folds": folds, "seed": seed, "sizes": size_list, "queries": str(queries), "tools": str(tools),
+            "n_lines": len(lines), "n_tools": len(registry.tools),
+            "equivalence_groups_count_as_correct": True,
+            "hyperparams": asdict(hp), "exemplar_weight": exemplar_weight,
+        },
+        "sizes": report_sizes,
+        "folds": fold_meta,
+        "baseline_untrained_slb": base,
+        "generalization": generalization,
+        "concat_all": concat,
+        "seconds": round(time.time() - t_start, 1),
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],
+                    "torch_threads": 1,
+                    "note": "shared 2-core VM: other jobs run concurrently, latencies are upper bounds"},
+    }
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_json).write_text(json.dumps(report, indent=2))
+    plot_to = plot_path or str(Path(out_json).with_suffix(".png"))
+    plot(report, plot_to)
+    report["plot"] = plot_to
+    Path(out_json).write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,127 @@
+"""The trained routing model: a query encoder for the SLB and a cross-encoder behind the margin gate.
+
+A gate model directory (written by ``services.router.training.train_gate``) holds
+
+    gate.json        tau, alpha, ce_top_k, the hyper-parameters, data hash and validation figures
+    query_encoder/   SentenceTransformer fine-tuned to map requests onto the *base* all-MiniLM-L6-v2
+                     tool-text keys (asymmetric: tool keys stay the compiler's embeddings)
+    cross_encoder/   sentence-transformers CrossEncoder fine-tuned from the all-MiniLM-L6-v2 weights
+
+Decision rule: SLB top-1 wins outright when ``top1 - top2 >= tau``; otherwise the top ``ce_top_k``
+candidates are scored by the cross-encoder and re-ranked by ``slb_score + alpha * ce_logit``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.common.tools import Tool
+
+log = logging.getLogger("nexus.router")
+
+GATE_FORMAT = "nexus-gate-v1"
+CE_DESC_WORDS = 16
+
+
+def ce_tool_text(tool: Tool) -> str:
+    """The tool side of a cross-encoder pair: the name read as words and the description's first sentence
+    (short inputs keep the cross-encoder fast)."""
+    desc = re.sub(r"\s+", " ", tool.description or "").strip()
+    first = re.split(r"(?<=[.!?])\s", desc, maxsplit=1)[0]
+    words = first.split(" ")[:CE_DESC_WORDS]
+    return f"{tool.name.replace('_', ' ').replace('-', ' ')}: {' '.join(words)}"
+
+
+def set_threads(n: int) -> None:
+    import torch
+
+    if n > 0 and torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class GateInfo:
+    path: str
+    tau: float
+    alpha: float
+    ce_top_k: int
+    max_turns: int
+    meta: dict[str, Any]
+
+
+class GateModel:
+    """A loaded gate model. ``embed_query`` and ``ce_scores`` are thread-safe."""
+
+    def __init__(self, path: str | Path, threads: int = 2):
+        from sentence_transformers import CrossEncoder, SentenceTransformer
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        set_threads(threads)
+        root = Path(path)
+        doc = json.loads((root / "gate.json").read_text())
+        if doc.get("format") != GATE_FORMAT:
+            raise ValueError(f"{root}/gate.json: format {doc.get('format')!r}, expected {GATE_FORMAT!r}")
+        self.info = GateInfo(path=str(root), tau=float(doc["tau"]), alpha=float(doc["alpha"]),
+                             ce_top_k=int(doc["ce_top_k"]), max_turns=int(doc.get("max_turns", 4)), meta=doc)
+        self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
+        self.query_encoder.eval()
+        self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",
+                                          max_length=int(doc.get("ce_max_len", 96)))
+        self.cross_encoder.model.eval()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def exists(path: str | Path) -> bool:
+        root = Path(path)
+        return (root / "gate.json").is_file() and (root / "query_encoder").is_dir() and (root / "cross_encoder").is_dir()
+
+    def embed_queries(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        with self._lock:
+            v = self.query_encoder.encode(texts, batch_size=batch_size, convert_to_numpy=True,
+                                          normalize_embeddings=True, show_progress_bar=False)
+        return np.ascontiguousarray(v, dtype=np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_queries([text])[0]
+
+    def ce_scores(self, query_text: str, tool_texts: list[str]) -> np.ndarray:
+        """Cross-encoder logits of ``(query, tool)`` pairs."""
+        if not tool_texts:
+            return np.zeros(0, np.float32)
+        import torch
+
+        with self._lock, torch.inference_mode():
+            s = self.cross_encoder.predict([(query_text, t) for t in tool_texts], batch_size=len(tool_texts),
+                                           show_progress_bar=False, convert_to_numpy=True,
+                                           activation_fn=torch.nn.Identity())
+        return np.asarray(s, np.float32).reshape(-1)
+
+
+def fuse(slb_scores: np.ndarray, ce_logits: np.ndarray, alpha: float) -> np.ndarray:
+    """The re-ranking score of escalated candidates: the SLB score plus ``alpha`` times the CE logit."""
+    return np.asarray(slb_scores, np.float32) + np.float32(alpha) * np.asarray(ce_logits, np.float32)
+
+
+def load_gate(path: str, threads: int = 2) -> GateModel | None:
+    """The gate model at ``path``, or None (logged) when there is none or it cannot be read."""
+    if not path:
+        log.warning("no gate model configured: routing is SLB-only (escalation disabled)")
+        return None
+    if not GateModel.exists(path):
+        log.warning("no gate model at %s: routing is SLB-only with the base embedder (escalation disabled); "
+                    "train one with `nexus train-gate`", path)
+        return None
+    try:
+        return GateModel(path, threads=threads)
+    except (OSError, ValueError, KeyError) as e:
+        log.error("gate model at %s unreadable (%s): routing is SLB-only (escalation disabled)", path, e)
+        return None

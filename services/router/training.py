@@ -1,0 +1,423 @@
+"""Training the gate model (query encoder + cross-encoder + tau) from routing queries.
+
+    lines ──split(seed)──► fit (1 - val_fraction)  ──► query encoder: all-MiniLM-L6-v2 fine-tuned so a
+                      │                                 request scores its tool's *base* text key highest
+                      │                                 (softmax over every tool key, temperature q_temp)
+                      │                             ──► cross-encoder: all-MiniLM-L6-v2 weights + a new head,
+                      │                                 listwise softmax over [positive, hard negatives mined
+                      │                                 from the tuned SLB]
+                      └► val (calibration + validation; never trained on)
+                                                    ──► best query-encoder epoch (val SLB top-1)
+                                                    ──► tau = q-th percentile of val top1-top2 margins
+                                                    ──► best CE epoch and alpha (val re-rank accuracy)
+
+Deterministic for a seed on one machine: seeded shuffles, ``torch.manual_seed``, fixed thread count,
+no dropout randomness across runs (seeded), sorted inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.common.embedder import tool_text
+from services.common.models import default_embedder_path, dir_fingerprint
+from services.common.tools import Tool
+from services.router.context import routing_text
+from services.router.gate import GATE_FORMAT, ce_tool_text, fuse, set_threads
+from services.router.slb import SemanticIndex
+
+log = logging.getLogger("nexus.router.training")
+
+TRAINING_VERSION = "gate-train-v1"
+
+
+@dataclass(frozen=True)
+class GateHyperParams:
+    seed: int = 0
+    val_fraction: float = 0.15
+    # query encoder (SLB side)
+    q_epochs: int = 3
+    q_lr: float = 4e-5
+    q_batch: int = 32
+    q_temp: float = 0.05
+    q_max_len: int = 96
+    # cross-encoder (gate side)
+    ce_epochs: int = 1
+    ce_lr: float = 8e-5
+    ce_negatives: int = 3
+    ce_batch_groups: int = 8
+    ce_max_len: int = 64
+    ce_top_k: int = 5
+    ce_head_lr_mult: float = 20.0
+    alpha_grid: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+    # margin gate
+    tau_percentile: float = 20.0
+    max_turns: int = 4
+    threads: int = 2
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training line: the request text (query + pruned history) and its label (+ equivalent labels)."""
+
+    id: str
+    text: str
+    tool: str
+    positives: frozenset[str]
+
+
+def make_examples(lines: Sequence[Any], tool_names: set[str], equivalents: Callable[[str], frozenset[str]],
+                  max_turns: int = 4) -> list[Example]:
+    """Examples from query lines (objects with ``id, tool, query, history``) whose tool is registered."""
+    out = []
+    for ln in lines:
+        if ln.tool not in tool_names:
+            continue
+        out.append(Example(ln.id, routing_text(ln.query, list(ln.history), max_turns=max_turns), ln.tool,
+                           frozenset(equivalents(ln.tool)) & tool_names | {ln.tool}))
+    return out
+
+
+def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams, base_fp: str) -> str:
+    h = hashlib.sha256()
+    h.update(TRAINING_VERSION.encode())
+    h.update(base_fp.encode())
+    h.update(json.dumps(asdict(hp), sort_keys=True).encode())
+    for e in sorted(examples, key=lambda e: e.id):
+        h.update(json.dumps([e.id, e.text, e.tool, sorted(e.positives)]).encode())
+    for t in sorted(tools, key=lambda t: t.name):
+        h.update(t.schema_hash.encode())
+    return h.hexdigest()
+
+
+def split_examples(examples: Sequence[Example], val_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Seeded split by line: ``(fit, val)``."""
+    ids = sorted(e.id for e in examples)
+    rng = random.Random(seed)
+    rng.shuffle(ids)
+    n_val = int(round(len(ids) * val_fraction)) if len(ids) > 1 else 0
+    val_ids = set(ids[:n_val])
+    return [e for e in examples if e.id not in val_ids], [e for e in examples if e.id in val_ids]
+
+
+def _seed_all(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", disable=not enabled, file=sys.stderr, leave=True)
+
+
+def _encode_train(model, texts: list[str]):
+    import torch.nn.functional as F
+
+    feats = model.preprocess(texts) if hasattr(model, "preprocess") else model.tokenize(texts)
+    feats = {k: v for k, v in feats.items() if hasattr(v, "to")}
+    return F.normalize(model(feats)["sentence_embedding"], dim=-1)
+
+
+def _encode_eval(model, texts: list[str], bs: int = 64) -> np.ndarray:
+    v = model.encode(texts, batch_size=bs, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    return np.ascontiguousarray(v, np.float32)
+
+
+def _positive_mask(examples: Sequence[Example], names: list[str]) -> np.ndarray:
+    pos = {n: i for i, n in enumerate(names)}
+    m = np.zeros((len(examples), len(names)), bool)
+    for r, e in enumerate(examples):
+        for p in e.positives:
+            if p in pos:
+                m[r, pos[p]] = True
+    return m
+
+
+def slb_rank(index: SemanticIndex, qvecs: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+    return [index.search(q, k) for q in qvecs]
+
+
+def train_query_encoder(fit: list[Example], val: list[Example], names: list[str], keys: np.ndarray,
+                        hp: GateHyperParams, progress: bool) -> tuple[Any, dict[str, Any]]:
+    """Fine-tune all-MiniLM-L6-v2 as the query side of an asymmetric retriever against fixed tool keys;
+    keeps the epoch with the best validation top-1."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    _seed_all(hp.seed)
+    model = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    model.max_seq_length = hp.q_max_len
+    K = torch.tensor(keys)
+    pos_fit = torch.tensor(_positive_mask(fit, names))
+    pos_val = _positive_mask(val, names)
+    opt = torch.optim.AdamW(model.parameters(), lr=hp.q_lr, weight_decay=0.01)
+    steps_per_epoch = (len(fit) + hp.q_batch - 1) // hp.q_batch
+    total = max(1, hp.q_epochs * steps_per_epoch)
+    warm = max(1, int(0.1 * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+
+    def val_top1() -> float:
+        if not val:
+            return float("nan")
+        model.eval()
+        s = _encode_eval(model, [e.text for e in val]) @ keys.T
+        return float(pos_val[np.arange(len(val)), s.argmax(1)].mean())
+
+    history = [{"epoch": 0, "val_slb_top1": val_top1()}]
+    best = (history[0]["val_slb_top1"], 0, copy.deepcopy(model.state_dict()))
+    order = list(range(len(fit)))
+    with _progress(total, "query encoder", progress) as bar:
+        for ep in range(hp.q_epochs):
+            random.Random(hp.seed * 1000 + ep).shuffle(order)
+            model.train()
+            losses = []
+            for b in range(0, len(order), hp.q_batch):
+                idx = order[b : b + hp.q_batch]
+                q = _encode_train(model, [fit[i].text for i in idx])
+                logits = q @ K.T / hp.q_temp
+                pm = pos_fit[idx]
+                # several equivalent tools may all be right: maximise the probability mass on them
+                loss = (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~pm, -1e4), 1)).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                losses.append(float(loss.detach()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+            acc = val_top1()
+            history.append({"epoch": ep + 1, "loss": float(np.mean(losses)), "val_slb_top1": acc})
+            if not val or acc > best[0] or np.isnan(best[0]):
+                best = (acc, ep + 1, copy.deepcopy(model.state_dict()))
+    model.load_state_dict(best[2])
+    model.eval()
+    return model, {"history": history, "best_epoch": best[1], "val_slb_top1": best[0]}
+
+
+def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[list[tuple[str, float]]],
+                        val_cands: list[list[tuple[str, float]]], ce_texts: dict[str, str], hp: GateHyperParams,
+                        progress: bool) -> tuple[Any, dict[str, Any]]:
+    """Fine-tune a CrossEncoder from the all-MiniLM-L6-v2 weights with a listwise loss over the positive and
+    SLB-mined hard negatives; per epoch, validate re-ranking of the top ``ce_top_k`` fused with the SLB
+    score over ``alpha_grid``; keep the best (epoch, alpha)."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    _seed_all(hp.seed)
+    ce = CrossEncoder(str(default_embedder_path()), num_labels=1, max_length=hp.ce_max_len, device="cpu")
+    hf = ce[0].model if hasattr(ce[0], "model") else ce.model
+    tok = ce[0].tokenizer if hasattr(ce[0], "tokenizer") else ce.tokenizer
+    groups: list[tuple[str, list[str]]] = []
+    for e, cands in zip(fit, fit_cands, strict=True):
+        negs = [n for n, _ in cands if n not in e.positives][: hp.ce_negatives]
+        groups.append((e.text, [ce_texts[e.tool]] + [ce_texts[n] for n in negs]))
+    # The classification head is new (random init): a larger learning rate lets it catch up within one
+    # epoch instead of leaving the logits near zero (measured: loss stuck at ln(1+negatives)).
+    head = [p for n, p in hf.named_parameters() if n.startswith("classifier")]
+    body = [p for n, p in hf.named_parameters() if not n.startswith("classifier")]
+    opt = torch.optim.AdamW([{"params": body, "lr": hp.ce_lr}, {"params": head, "lr": hp.ce_lr * hp.ce_head_lr_mult}],
+                            weight_decay=0.01)
+    steps_per_epoch = (len(groups) + hp.ce_batch_groups - 1) // hp.ce_batch_groups
+    total = max(1, hp.ce_epochs * steps_per_epoch)
+    warm = max(1, int(0.1 * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+
+    def logits_of(pairs: list[tuple[str, str]], grad: bool):
+        enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, truncation="longest_first",
+                  max_length=hp.ce_max_len, return_tensors="pt")
+        with torch.set_grad_enabled(grad):
+            return hf(**enc).logits.view(-1)
+
+    val_pos = [e.positives for e in val]
+
+    def validate() -> dict[str, Any]:
+        if not val:
+            return {"alpha": 0.0, "val_rerank_acc": float("nan"), "by_alpha": {}}
+        hf.eval()
+        ce_logits = []
+        with torch.inference_mode():
+            for e, cands in zip(val, val_cands, strict=True):
+                ce_logits.append(logits_of([(e.text, ce_texts[n]) for n, _ in cands], False).numpy())
+        by_alpha = {}
+        for a in hp.alpha_grid:
+            ok = 0
+            for cands, lg, pos in zip(val_cands, ce_logits, val_pos, strict=True):
+                f = fuse(np.array([s for _, s in cands]), lg, a)
+                ok += cands[int(np.argmax(f))][0] in pos
+            by_alpha[str(a)] = ok / len(val)
+        best_a = max(hp.alpha_grid, key=lambda a: (by_alpha[str(a)], -a))
+        ce_only = float(np.mean([c[int(np.argmax(lg))][0] in p for c, lg, p in zip(val_cands, ce_logits, val_pos,
+                                                                                   strict=True)]))
+        return {"alpha": best_a, "val_rerank_acc": by_alpha[str(best_a)], "by_alpha": by_alpha,
+                "val_ce_only_acc": ce_only}
+
+    history = []
+    best: tuple[float, int, dict[str, Any], dict[str, Any]] | None = None
+    order = list(range(len(groups)))
+    with _progress(total, "cross-encoder", progress) as bar:
+        for ep in range(hp.ce_epochs):
+            random.Random(hp.seed * 1000 + 7 + ep).shuffle(order)
+            hf.train()
+            losses = []
+            for b in range(0, len(order), hp.ce_batch_groups):
+                batch = [groups[i] for i in order[b : b + hp.ce_batch_groups]]
+                pairs = [(q, t) for q, ts in batch for t in ts]
+                lg = logits_of(pairs, True)
+                loss = lg.new_zeros(())
+                at = 0
+                for _, ts in batch:  # listwise softmax: the positive is element 0 of its group
+                    g = lg[at : at + len(ts)]
+                    loss = loss + (torch.logsumexp(g, 0) - g[0])
+                    at += len(ts)
+                loss = loss / len(batch)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                losses.append(float(loss.detach()))
+                bar.update(1)
+                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+            v = validate()
+            history.append({"epoch": ep + 1, "loss": float(np.mean(losses)) if losses else float("nan"), **v})
+            if best is None or v["val_rerank_acc"] > best[0]:
+                best = (v["val_rerank_acc"], ep + 1, v, copy.deepcopy(hf.state_dict()))
+    assert best is not None
+    hf.load_state_dict(best[3])
+    hf.eval()
+    return ce, {"history": history, "best_epoch": best[1], **best[2]}
+
+
+def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp: GateHyperParams = GateHyperParams(),
+               equivalents: Callable[[str], frozenset[str]] | None = None, progress: bool = True,
+               force: bool = False) -> dict[str, Any]:
+    """Train a gate model on ``lines`` over the registry ``tools`` and write it to ``out`` (atomically).
+    Skips training (returns the existing gate.json) when ``out`` already holds a model of the same data
+    hash, unless ``force``."""
+    from sentence_transformers import SentenceTransformer
+
+    if equivalents is None:
+        def equivalents(t: str) -> frozenset[str]:
+            return frozenset({t})
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    set_threads(hp.threads)
+    out = Path(out)
+    names = [t.name for t in tools]
+    by_name = {t.name: t for t in tools}
+    examples = make_examples(lines, set(names), equivalents, hp.max_turns)
+    if not examples:
+        raise ValueError("no training line routes to a tool of the registry")
+    base_fp = dir_fingerprint(default_embedder_path())
+    digest = data_hash(examples, tools, hp, base_fp)
+    existing = out / "gate.json"
+    if existing.is_file() and not force:
+        doc = json.loads(existing.read_text())
+        if doc.get("data_hash") == digest and (out / "query_encoder").is_dir() and (out / "cross_encoder").is_dir():
+            log.info("gate model %s is up to date (hash %s); skipping training", out, digest[:12])
+            return doc
+    t0 = time.time()
+    fit, val = split_examples(examples, hp.val_fraction, hp.seed)
+    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
+    del base
+    qenc, q_report = train_query_encoder(fit, val, names, keys, hp, progress)
+
+    index = SemanticIndex(keys.shape[1])
+    index.replace_all({n: keys[i] for i, n in enumerate(names)})
+    fit_vecs = _encode_eval(qenc, [e.text for e in fit])
+    val_vecs = _encode_eval(qenc, [e.text for e in val]) if val else np.zeros((0, keys.shape[1]), np.float32)
+    fit_cands = slb_rank(index, fit_vecs, hp.ce_negatives + 3)
+    val_cands = slb_rank(index, val_vecs, hp.ce_top_k)
+    # tau: the calibration split's top-2 margins over the whole registry (the adversarial pair of each query
+    # is its two best-scoring tools); the q-th percentile makes ~q % of such decisions escalate.
+    margins = np.array([c[0][1] - c[1][1] for c in slb_rank(index, val_vecs, 2) if len(c) > 1], np.float32)
+    tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
+    ce_texts = {n: ce_tool_text(by_name[n]) for n in names}
+    ce, ce_report = train_cross_encoder(fit, val, fit_cands, val_cands, ce_texts, hp, progress)
+
+    # validation of the whole gated decision (the rule the router applies)
+    gated_ok, escalated = 0, 0
+    if val:
+        import torch
+
+        with torch.inference_mode():
+            for e, cands in zip(val, val_cands, strict=True):
+                margin = cands[0][1] - cands[1][1] if len(cands) > 1 else float("inf")
+                pick = cands[0][0]
+                if margin < tau:
+                    escalated += 1
+                    lg = ce.predict([(e.text, ce_texts[n]) for n, _ in cands], show_progress_bar=False,
+                                    activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+                    pick = cands[int(np.argmax(fuse(np.array([s for _, s in cands]), lg, ce_report["alpha"])))][0]
+                gated_ok += pick in e.positives
+    doc = {
+        "format": GATE_FORMAT,
+        "training_version": TRAINING_VERSION,
+        "data_hash": digest,
+        "base_embedder_fingerprint": base_fp,
+        "tau": tau,
+        "tau_percentile": hp.tau_percentile,
+        "alpha": float(ce_report["alpha"]),
+        "ce_top_k": hp.ce_top_k,
+        "ce_max_len": hp.ce_max_len,
+        "max_turns": hp.max_turns,
+        "hyperparams": asdict(hp),
+        "n_tools": len(names),
+        "n_fit": len(fit),
+        "n_val": len(val),
+        "val_ids": sorted(e.id for e in val),
+        "calibration": {"n": int(len(margins)), "margin_p20": tau,
+                        "margin_quantiles": {str(q): float(np.percentile(margins, q)) for q in (5, 10, 20, 50, 80)}
+                        if len(margins) else {}},
+        "query_encoder": q_report,
+        "cross_encoder": ce_report,
+        "val_gated_accuracy": gated_ok / len(val) if val else None,
+        "val_escalation_rate": escalated / len(val) if val else None,
+        "train_seconds": round(time.time() - t0, 1),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        qenc.save(str(tmp / "query_encoder"))
+        ce.save(str(tmp / "cross_encoder"))
+        (tmp / "gate.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
+        # the training requests, for optional exemplar keys in the SLB (RouterConfig.exemplar_weight)
+        (tmp / "exemplars.jsonl").write_text("".join(json.dumps({"id": e.id, "tool": e.tool, "text": e.text}) + "\n"
+                                                     for e in sorted(examples, key=lambda e: e.id)))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("gate model written to %s in %.0fs (tau %.4f, alpha %s)", out, doc["train_seconds"], tau, doc["alpha"])
+    return doc
+
+
+def default_gate_dir(lines: Sequence[Any], tools: Sequence[Tool], hp: GateHyperParams, root: str = "var/models",
+                     equivalents: Callable[[str], frozenset[str]] | None = None) -> Path:
+    """``<root>/gate-<hash of data + seed + hyper-parameters>``: the cache location of a training run."""
+    eq = equivalents or (lambda t: frozenset({t}))
+    names = {t.name for t in tools}
+    digest = data_hash(make_examples(lines, names, eq, hp.max_turns), tools, hp,
+                       dir_fingerprint(default_embedder_path()))
+    return Path(root) / f"gate-{digest[:16]}"

@@ -1,0 +1,28 @@
+"""The CLI wiring of `nexus eval routing` and `nexus train-gate` (parsing only; the runs are the commands)."""
+
+import argparse
+
+from services.evals.cli_routing import _hp_from_args, add_routing_eval_parser, add_train_gate_parser
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="nexus")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    add_routing_eval_parser(sub.add_parser("eval").add_subparsers(dest="eval_cmd", required=True))
+    add_train_gate_parser(sub)
+    return p
+
+
+def test_eval_routing_arguments():
+    a = _parser().parse_args(["eval", "routing", "--queries", "q.jsonl", "--tools", "d", "--sizes", "10,all",
+                              "--json", "o.json", "--seed", "2", "--ce-epochs", "2"])
+    assert (a.queries, a.tools, a.sizes, a.out, a.seed, a.folds) == ("q.jsonl", "d", "10,all", "o.json", 2, 3)
+    hp = _hp_from_args(a)
+    assert hp.seed == 2 and hp.ce_epochs == 2 and hp.q_epochs == 3 and callable(a.fn)
+
+
+def test_train_gate_defaults_to_the_router_config_path():
+    from services.router.config import RouterConfig
+
+    a = _parser().parse_args(["train-gate", "--queries", "q", "--tools", "t"])
+    assert a.out == RouterConfig().gate_model_dir and not a.force and _hp_from_args(a).seed == 0

@@ -1,0 +1,101 @@
+"""The routing evaluation's protocol on the real data: registries, folds, correctness, concat-all prompt."""
+
+import random
+from collections import Counter, defaultdict
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.evals.data import (
+    assign_folds,
+    equivalents,
+    is_correct,
+    load_queries,
+    load_registry,
+    parse_sizes,
+    query_registry,
+)
+from services.evals.routing import concat_prompt, names_grammar, registries_for, summarize
+from tests.conftest import SHARED
+
+QUERIES = SHARED / "data" / "queries" / "train.jsonl"
+TOOLS = SHARED / "data" / "mcp_tools"
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_queries(QUERIES), load_registry(TOOLS)
+
+
+def test_slots_follow_each_tools_lines(data):
+    lines, registry = data
+    assert len(lines) == 962 and len(registry.tools) == 338
+    per_tool = defaultdict(list)
+    for ln in lines:
+        per_tool[ln.tool].append(ln.slot)
+    assert all(slots == list(range(len(slots))) for slots in per_tool.values())
+    assert Counter(len(s) for s in per_tool.values()) == {3: 312, 1: 26}  # github-legacy has 1 line per tool
+
+
+def test_registry_has_target_own_server_first_then_others(data):
+    _, registry = data
+    rng = random.Random(0)
+    reg = query_registry("git_status", "50", registry, rng)
+    servers = [registry.server_of[n] for n in reg]
+    assert len(reg) == len(set(reg)) == 50 and reg[0] == "git_status"
+    assert servers[:12] == ["git"] * 12 and "git" not in servers[12:]  # git has 12 tools: all of them first
+    big = query_registry("pods_list", "10", registry, rng)  # kubernetes has 47 > 9 distractors: all same-server
+    assert {registry.server_of[n] for n in big} == {"kubernetes"} and "pods_list" in big
+    assert query_registry("pods_list", "all", registry, rng) == registry.names
+
+
+def test_registries_are_reproducible_for_a_seed_and_differ_across_seeds(data):
+    lines, registry = data
+    a = registries_for(lines[:50], ["10", "all"], registry, seed=0)
+    b = registries_for(lines[:50], ["10", "all"], registry, seed=0)
+    c = registries_for(lines[:50], ["10", "all"], registry, seed=1)
+    assert a == b and a["10"] != c["10"] and a["all"] == c["all"]
+
+
+def test_folds_hold_at_most_one_line_per_tool_and_mix_slots(data):
+    lines, _ = data
+    folds = assign_folds(lines, 3, seed=0)
+    assert folds == assign_folds(lines, 3, seed=0) and folds != assign_folds(lines, 3, seed=1)
+    per = Counter((ln.tool, f) for ln, f in zip(lines, folds, strict=True))
+    assert max(per.values()) == 1
+    for f in range(3):
+        slots = Counter(ln.slot for ln, g in zip(lines, folds, strict=True) if g == f)
+        assert all(slots[s] > 60 for s in range(3))  # every wording style is tested in every fold
+
+
+def test_equivalence_groups_count_as_correct():
+    assert is_correct("read_text_file", "read_file") and is_correct("add_sub_issue", "sub_issue_write")
+    assert not is_correct("write_file", "read_file")
+    assert equivalents("git_status") == {"git_status"}
+
+
+def test_sizes_parse_and_validate():
+    assert parse_sizes("10, 50,all") == ["10", "50", "all"]
+    for bad in ("", "1", "ten"):
+        with pytest.raises(InvalidArgument):
+            parse_sizes(bad)
+
+
+def test_summary_uses_wilson_and_percentiles():
+    recs = [{"correct": i < 9, "slb_top1": i < 8, "slb_top3": True, "escalated": i == 0, "route_ms": float(i),
+             "slot": i % 3, "multi_turn": i == 1} for i in range(10)]
+    s = summarize(recs, 10)
+    assert s["accuracy"] == 0.9 and s["slb_top1"] == 0.8 and s["escalation_rate"] == 0.1
+    assert 0.59 < s["ci95"][0] < 0.6 and 0.98 < s["ci95"][1] < 0.99  # Wilson, not normal approximation
+    assert s["route_ms_p50"] == 4.5 and s["accuracy_escalated"] == 1.0
+
+
+def test_concat_prompt_holds_every_schema_and_grammar_only_names(data):
+    lines, registry = data
+    tools = list(registry.tools[:5])
+    ln = next(x for x in lines if x.history)
+    prompt = concat_prompt(tools, ln)
+    assert all(f'"name": "{t.name}"' in prompt for t in tools) and prompt.endswith("<|im_start|>assistant\n")
+    assert ln.query in prompt and ln.history[0][1] in prompt
+    g = names_grammar(["a", 'we"ird'])
+    assert g == 'root ::= "a" | "we\\"ird"\n'

@@ -1,0 +1,127 @@
+"""Gate training on a tiny real subset (deterministic for a seed) and the router's use of the model:
+margin gate, cross-encoder re-ranking, SLB-only fallback, registry changes seen by a second replica."""
+
+import asyncio
+import hashlib
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from services.common.embedder import Embedder
+from services.common.store import LocalStore
+from services.evals.data import equivalents, load_queries, load_registry
+from services.router.config import RouterConfig
+from services.router.router import HistoryTurn, Router
+from services.router.training import GateHyperParams, train_gate
+from tests.conftest import SHARED
+
+SERVERS = {"time", "redis"}
+HP = GateHyperParams(seed=3, q_epochs=1, ce_epochs=1, q_batch=16, ce_batch_groups=16, val_fraction=0.25,
+                     threads=1, ce_top_k=3)
+
+
+def _weights_digest(path):
+    h = hashlib.sha256()
+    for sub in ("query_encoder", "cross_encoder"):
+        h.update((path / sub / "model.safetensors").read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    registry = load_registry(SHARED / "data" / "mcp_tools")
+    tools = [t for t in registry.tools if registry.server_of[t.name] in SERVERS]
+    lines = [ln for ln in load_queries(SHARED / "data" / "queries" / "train.jsonl") if ln.server in SERVERS]
+    root = tmp_path_factory.mktemp("gate")
+    doc = train_gate(lines, tools, root / "a", HP, equivalents=equivalents, progress=False)
+    return {"tools": tools, "lines": lines, "root": root, "doc": doc, "gate": root / "a"}
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder("")
+
+
+def test_training_is_deterministic_for_a_seed_and_cached(tiny):
+    doc2 = train_gate(tiny["lines"], tiny["tools"], tiny["root"] / "b", HP, equivalents=equivalents, progress=False)
+    strip = lambda d: {k: v for k, v in d.items() if k != "train_seconds"}  # noqa: E731
+    assert strip(doc2) == strip(tiny["doc"])
+    assert _weights_digest(tiny["root"] / "a") == _weights_digest(tiny["root"] / "b")
+    # same data + hyper-parameters: the cached model is kept, not retrained
+    mtime = (tiny["root"] / "b" / "gate.json").stat().st_mtime_ns
+    train_gate(tiny["lines"], tiny["tools"], tiny["root"] / "b", HP, equivalents=equivalents, progress=False)
+    assert (tiny["root"] / "b" / "gate.json").stat().st_mtime_ns == mtime
+
+
+def test_gate_json_records_calibration_and_never_validates_on_training_lines(tiny):
+    doc = tiny["doc"]
+    assert doc["n_fit"] + doc["n_val"] == len(tiny["lines"]) and doc["n_val"] >= 3
+    assert set(doc["val_ids"]) <= {ln.id for ln in tiny["lines"]}
+    assert doc["tau"] == pytest.approx(doc["calibration"]["margin_quantiles"]["20"])
+    assert doc["alpha"] in HP.alpha_grid and doc["ce_top_k"] == 3
+
+
+def _router(store, embedder, gate_dir):
+    r = Router(RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir), native_scan=False), store,
+               embedder)
+    asyncio.run(r.sync(force=True))
+    return r
+
+
+def _with_tau(tiny, tau, alpha=0.5):
+    dst = tiny["root"] / f"tau{tau}-alpha{alpha}"
+    if not dst.exists():
+        shutil.copytree(tiny["gate"], dst)
+        doc = json.loads((dst / "gate.json").read_text())
+        doc["tau"], doc["alpha"] = tau, alpha
+        (dst / "gate.json").write_text(json.dumps(doc))
+    return dst
+
+
+def test_router_escalates_below_tau_and_reranks_top_k(tiny, embedder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    query = "what time is it in Tokyo right now?"
+    always = _router(store, embedder, _with_tau(tiny, 1e9))
+    never = _router(store, embedder, _with_tau(tiny, -1e9))
+    d_always, d_never = always.route(query, top_k=5), never.route(query, top_k=5)
+    assert d_always.escalated and d_always.gate == "escalated" and not d_never.escalated
+    assert d_never.tool == d_never.slb_candidates[0][0] and d_never.candidates == d_never.slb_candidates[:5]
+    reranked = [n for n, _ in d_always.candidates[:3]]
+    assert sorted(reranked) == sorted(n for n, _ in d_always.slb_candidates[:3])  # only the top ce_top_k move
+    gate = always.gate
+    ce = gate.ce_scores(query, [always._ce_texts[n] for n in reranked])  # no history: the text is the query
+    fused = np.array([dict(d_always.slb_candidates)[n] for n in reranked]) + gate.info.alpha * ce
+    assert [s for _, s in d_always.candidates[:3]] == pytest.approx(sorted(fused, reverse=True), abs=1e-4)
+
+
+def test_cross_encoder_weight_zero_never_escalates(tiny, embedder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    r = _router(store, embedder, _with_tau(tiny, 1e9, alpha=0.0))
+    d = r.route("what time is it in Tokyo right now?")
+    assert not d.escalated and d.gate == "auto" and d.tool == d.slb_candidates[0][0]
+
+
+def test_router_without_gate_model_is_slb_only(tiny, embedder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    r = _router(store, embedder, tmp_path / "no-such-model")
+    d = r.route("convert 3pm New York time to London time", [HistoryTurn("user", "hi")])
+    assert r.gate is None and d.gate == "slb-only" and not d.escalated and d.tool in {t.name for t in tiny["tools"]}
+
+
+def test_registry_changes_reach_a_second_replica(tiny, embedder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"][:3])
+    a, b = _router(store, embedder, tiny["gate"]), _router(store, embedder, tiny["gate"])
+    assert len(b.index) == 3
+    asyncio.run(a.register([t.to_json() for t in tiny["tools"][3:]], lambda t: asyncio.sleep(0)))
+    assert len(a.index) == len(tiny["tools"])
+    assert asyncio.run(b.sync()) and sorted(b.index.names()) == sorted(t.name for t in tiny["tools"])
+    gone = tiny["tools"][0].name
+    asyncio.run(a.remove([gone]))
+    assert asyncio.run(b.sync()) and gone not in b.index
+    assert all(n != gone for n, _ in b.route("what time is it", top_k=10).candidates)

@@ -1,0 +1,98 @@
+"""SLB: INT8 quantization semantics, native/numpy parity, top-k order, registry masks and exemplar keys."""
+
+import numpy as np
+import pytest
+
+from services.router.slb import NumpyInt8Index, SemanticIndex, int8_backend, quantize_int8
+
+
+def _unit(rng, n, d=384):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_quantize_is_symmetric_per_vector():
+    q, s = quantize_int8(np.array([[0.5, -1.0, 0.25, 0.0], [0.0, 0.0, 0.0, 0.0]], np.float32))
+    assert q.dtype == np.int8 and q[0].tolist() == [64, -127, 32, 0]  # rint(63.5) = 64 (half to even)
+    assert s[0] == pytest.approx(1.0 / 127) and s[1] == 0.0 and q[1].tolist() == [0, 0, 0, 0]
+
+
+def test_quantize_rejects_non_finite():
+    with pytest.raises(ValueError):
+        quantize_int8(np.array([1.0, np.nan], np.float32))
+
+
+def test_int8_scores_track_float_cosine():
+    rng = np.random.default_rng(0)
+    keys, q = _unit(rng, 250), _unit(rng, 1)[0]
+    idx = NumpyInt8Index(384)
+    idx.add(keys)
+    assert np.max(np.abs(idx.scores(q) - keys @ q)) < 0.01
+
+
+def test_native_scan_matches_numpy_reference():
+    nn = pytest.importorskip("nexus_native")
+    assert hasattr(nn, "Int8Index")
+    rng = np.random.default_rng(1)
+    keys, queries = _unit(rng, 250), _unit(rng, 5)
+    ref, nat = NumpyInt8Index(384), int8_backend(384, prefer_native=True)
+    assert not isinstance(nat, NumpyInt8Index)
+    ref.add(keys[:100])
+    ref.add(keys[100:])
+    nat.add(keys[:100])
+    nat.add(keys[100:])
+    for q in queries:
+        np.testing.assert_allclose(nat.scores(q), ref.scores(q), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_search_orders_and_masks(native):
+    if native:
+        pytest.importorskip("nexus_native")
+    rng = np.random.default_rng(2)
+    keys = _unit(rng, 40)
+    names = [f"t{i:02d}" for i in range(40)]
+    index = SemanticIndex(384, prefer_native=native)
+    index.replace_all(dict(zip(names, keys, strict=True)))
+    q = keys[7] * 0.8 + keys[3] * 0.2
+    top = index.search(q, 5)
+    assert top[0][0] == "t07" and [s for _, s in top] == sorted((s for _, s in top), reverse=True)
+    mask = np.zeros(40, bool)
+    mask[[3, 11, 20]] = True
+    masked = index.search(q, 5, allowed=mask)
+    assert [n for n, _ in masked][0] == "t03" and {n for n, _ in masked} == {"t03", "t11", "t20"}
+
+
+def test_ties_break_by_registry_order():
+    v = np.zeros(384, np.float32)
+    v[0] = 1.0
+    index = SemanticIndex(384, prefer_native=False)
+    index.replace_all({"b": v, "a": v, "c": -v})
+    assert [n for n, _ in index.search(v, 3)] == ["b", "a", "c"]
+
+
+def test_exemplar_keys_lift_their_tool_and_spare_tools_without_them():
+    rng = np.random.default_rng(3)
+    keys = _unit(rng, 3)
+    query = _unit(rng, 1)[0]
+    index = SemanticIndex(384, exemplar_weight=1.0, prefer_native=False)
+    index.replace_all({"a": keys[0], "b": keys[1], "c": keys[2]})
+    plain = dict(index.search(query, 3))
+    # without exemplars every tool scores (1 + w) * text: the ranking is the plain cosine ranking
+    assert sorted(plain, key=plain.get) == sorted(plain, key=lambda n: float(keys["abc".index(n)] @ query))
+    index.set_exemplars({"c": np.vstack([query, -query])})  # c has an exemplar identical to the query
+    top = index.search(query, 3)
+    assert top[0][0] == "c" and top[0][1] == pytest.approx(float(keys[2] @ query) + 1.0, abs=0.02)
+
+
+def test_upsert_remove_and_vector_roundtrip():
+    rng = np.random.default_rng(4)
+    keys = _unit(rng, 3)
+    index = SemanticIndex(384, prefer_native=False)
+    index.replace_all({"a": keys[0], "b": keys[1]})
+    index.upsert({"c": keys[2], "a": keys[1]})
+    assert index.names() == ["a", "b", "c"] and np.allclose(index.vector("a"), keys[1])
+    index.remove(["b", "missing"])
+    assert index.names() == ["a", "c"] and "b" not in index
+    with pytest.raises(ValueError):
+        index.replace_all({"bad": np.zeros(3, np.float32)})
