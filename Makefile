@@ -123,7 +123,7 @@ compose-config:  ## validate deploy/docker-compose.yml (no Docker engine needed)
 	REDIS_PASSWORD=$${REDIS_PASSWORD:-check} docker-compose -f deploy/docker-compose.yml config -q
 
 lint:  ## ruff
-	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench/native_bench.py
+	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench
 
 clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
 	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var
