@@ -72,13 +72,16 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 	$(PY) -m grpc_tools.protoc -Iprotos --include_imports --descriptor_set_out=nexus/v1/descriptor.pb $(PROTOS)
 	touch $@
 
-# The router's gate model (fine-tuned query encoder + cross-encoder + calibrated tau), trained once from the
-# shared training queries; `nexus train-gate` keeps the cached model when its data/seed/hyper-parameter hash
-# matches, so this is quick after the first run.
-GATE_DIR ?= var/models/gate
-models: $(GATE_DIR)/.stamp  ## train the router's gate model (once; cached under var/models)
-$(GATE_DIR)/.stamp: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES)
-	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --out $(GATE_DIR) $(if $(CI),--quiet,)
+# The router's gate model (fine-tuned query encoder + cross-encoder + calibrated tau), trained once per machine
+# from the shared training queries (10-20 min on 2 cores) into a cache outside the clone; `nexus train-gate`
+# keeps the cached model when its data/seed/hyper-parameter hash matches. var/models/gate (the router's
+# default gate_model_dir) links to it.
+MODEL_CACHE ?= $(HOME)/.cache/nexus/models
+models: var/models/gate/gate.json  ## train the router's gate model (once per machine; cached)
+var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES)
+	mkdir -p $(MODEL_CACHE) var/models
+	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
+	ln -sfn $(MODEL_CACHE)/gate var/models/gate
 	touch $@
 
 native: $(VENV)/.stamp-native  ## build the pybind11 core

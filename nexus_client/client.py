@@ -57,6 +57,7 @@ class RouteResult:
     candidates: list[Candidate]
     route_ms: float
     registry_version: int
+    gate: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class NexusClient:
               timeout_s: float | None = None) -> RouteResult:
         r = self.route_pb(query, history, top_k, timeout_s)
         return RouteResult(r.tool, r.score, r.margin, r.escalated, [Candidate(c.tool, c.score) for c in r.candidates],
-                           r.route_ms, r.registry_version)
+                           r.route_ms, r.registry_version, r.gate)
 
     def register(self, tools: Sequence[dict | str], timeout_s: float | None = None) -> router_pb2.RegisterToolsResponse:
         raw = [t if isinstance(t, str) else json.dumps(t) for t in tools]

@@ -33,6 +33,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
             candidates=[router_pb2.Candidate(tool=n, score=s) for n, s in decision.candidates],
             route_ms=decision.route_ms,
             registry_version=decision.registry_version,
+            gate=decision.gate,
         )
 
     async def RegisterTools(self, request, context):

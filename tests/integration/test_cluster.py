@@ -30,6 +30,8 @@ def test_route_github_query_to_a_pull_request_tool(cluster):
     assert len(resp.candidates) == 3 and resp.candidates[0].tool == resp.tool
     assert resp.candidates[0].score >= resp.candidates[1].score
     assert resp.margin == pytest.approx(resp.candidates[0].score - resp.candidates[1].score, abs=1e-6)
+    assert resp.gate in ("auto", "escalated", "slb-only")
+    assert resp.escalated == (resp.gate == "escalated")
 
 
 def test_list_tools_shows_signatures(cluster):
