@@ -20,13 +20,13 @@ import numpy as np
 from services.common.errors import (
     ArtifactNotFound,
     DataCorruption,
-    InvalidArgument,
     ResourceExhausted,
     ToolNotFound,
 )
 from services.common.models import file_fingerprint, resolve_gguf
 from services.common.store import Store
 from services.common.tools import Tool
+from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import grammar_key, signature_key
 from services.compiler.grammar import compile_grammar
 from services.compiler.signature import signature
@@ -203,17 +203,10 @@ class Engine:
 
     # -- generation -------------------------------------------------------------------------
     def _check(self, query: str, history: Sequence[Turn], max_tokens: int | None) -> int:
-        if not query or not query.strip():
-            raise InvalidArgument("query is empty")
-        if len(query) > self.config.max_query_chars:
-            raise InvalidArgument(f"query is {len(query)} characters; the limit is {self.config.max_query_chars}")
-        if len(history) > self.config.max_history_turns:
-            raise InvalidArgument(f"history has {len(history)} turns; the limit is {self.config.max_history_turns}")
-        if max_tokens is None or max_tokens == 0:
-            return self.config.default_max_tokens
-        if max_tokens < 0 or max_tokens > self.config.max_tokens_limit:
-            raise InvalidArgument(f"max_tokens must be in 1..{self.config.max_tokens_limit}, got {max_tokens}")
-        return max_tokens
+        check_request(query, len(history), max_query_chars=self.config.max_query_chars,
+                      max_history_turns=self.config.max_history_turns)
+        return bounded_count("max_tokens", max_tokens, default=self.config.default_max_tokens,
+                             limit=self.config.max_tokens_limit)
 
     def tokenize_messages(self, messages: list[dict[str, str]]) -> list[int]:
         text = self.template.render(messages)

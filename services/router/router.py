@@ -14,6 +14,7 @@ from services.common.embedder import Embedder, tool_text
 from services.common.errors import ArtifactNotFound, DataCorruption, EmptyRegistry, InvalidArgument
 from services.common.store import Store
 from services.common.tools import Tool, parse_tool
+from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import decode_embedding, embedding_key, encode_embedding
 from services.compiler.signature import signature
 from services.router.config import RouterConfig
@@ -119,19 +120,9 @@ class Router:
 
     # -- validation -------------------------------------------------------------------------
     def _check_query(self, query: str, history: Sequence[HistoryTurn], top_k: int | None) -> int:
-        if not query or not query.strip():
-            raise InvalidArgument("query is empty")
-        if len(query) > self.config.max_query_chars:
-            raise InvalidArgument(f"query is {len(query)} characters; the limit is {self.config.max_query_chars}")
-        if len(history) > self.config.max_history_turns:
-            raise InvalidArgument(f"history has {len(history)} turns; the limit is {self.config.max_history_turns}")
-        if top_k is None or top_k == 0:
-            return self.config.default_top_k
-        if top_k < 0:
-            raise InvalidArgument(f"top_k must be positive, got {top_k}")
-        if top_k > self.config.max_top_k:
-            raise InvalidArgument(f"top_k {top_k} exceeds the limit {self.config.max_top_k}")
-        return top_k
+        check_request(query, len(history), max_query_chars=self.config.max_query_chars,
+                      max_history_turns=self.config.max_history_turns)
+        return bounded_count("top_k", top_k, default=self.config.default_top_k, limit=self.config.max_top_k)
 
     # -- registry ---------------------------------------------------------------------------
     def _embedding_for(self, tool: Tool) -> np.ndarray:
