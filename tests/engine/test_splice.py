@@ -148,3 +148,21 @@ def test_mismatched_block_raises_and_leaves_live_unchanged(sc, toks, block, over
         sc.load_block(bad.to_bytes(nn.ATB_COMPACT_ALIGN_LOG2))
     assert sc.seq_len() == len(ctxt)
     assert sc.get_seq(LIVE_SEQ) == before
+
+
+def test_llama_log_callback_outlives_the_context():
+    """llama.cpp keeps its log callback process-wide: after a SpliceContext is gone, loading another model
+    (which logs) must not call into a freed ctypes thunk (it segfaulted the whole suite once)."""
+    import gc
+
+    from services.compiler.tokenizer import load_tokenizer
+    from services.engine import splice
+    from services.engine.splice import SpliceContext
+
+    ctx = SpliceContext(n_ctx=256, n_threads=1)
+    ctx.close()
+    del ctx
+    gc.collect()
+    # the thunk is held by the module, not by the (now collected) context
+    assert splice._LOG_CALLBACK is not None and not hasattr(SpliceContext, "_log_cb")
+    assert load_tokenizer("")("hello world")
