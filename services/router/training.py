@@ -81,6 +81,18 @@ class Example:
     positives: frozenset[str]
 
 
+
+
+def _optimizer_step(opt, sched, loss, losses: list[float], bar) -> None:
+    """One optimisation step of either tower: backward, step, schedule, and the progress bar's loss."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+    losses.append(float(loss.detach()))
+    bar.update(1)
+    bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+
 def make_examples(lines: Sequence[Any], tool_names: set[str], equivalents: Callable[[str], frozenset[str]],
                   max_turns: int = 4) -> list[Example]:
     """Examples from query lines (objects with ``id, tool, query, history``) whose tool is registered."""
@@ -197,13 +209,7 @@ def train_query_encoder(fit: list[Example], val: list[Example], names: list[str]
                 pm = pos_fit[idx]
                 # several equivalent tools may all be right: maximise the probability mass on them
                 loss = (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~pm, -1e4), 1)).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(float(loss.detach()))
-                bar.update(1)
-                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+                _optimizer_step(opt, sched, loss, losses, bar)
             acc = val_top1()
             history.append({"epoch": ep + 1, "loss": float(np.mean(losses)), "val_slb_top1": acc})
             if not val or acc > best[0] or np.isnan(best[0]):
@@ -289,13 +295,7 @@ def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[
                     loss = loss + (torch.logsumexp(g, 0) - g[0])
                     at += len(ts)
                 loss = loss / len(batch)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                sched.step()
-                losses.append(float(loss.detach()))
-                bar.update(1)
-                bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}")
+                _optimizer_step(opt, sched, loss, losses, bar)
             v = validate()
             history.append({"epoch": ep + 1, "loss": float(np.mean(losses)) if losses else float("nan"), **v})
             if best is None or v["val_rerank_acc"] > best[0]:
