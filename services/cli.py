@@ -182,10 +182,31 @@ def cmd_up(args: argparse.Namespace) -> int:
             stop_all()
 
 
+def add_client_security_args(parser: argparse.ArgumentParser) -> None:
+    """TLS / token flags of the client commands (defaults: ``NEXUS_CLIENT_*`` env, see ClientSecurity.from_env)."""
+    parser.add_argument("--tls-ca", help="PEM CA to trust: connect over TLS (env NEXUS_CLIENT_TLS_CA)")
+    parser.add_argument("--tls-cert", help="PEM client certificate for mTLS (env NEXUS_CLIENT_TLS_CERT)")
+    parser.add_argument("--tls-key", help="PEM client key for mTLS (env NEXUS_CLIENT_TLS_KEY)")
+    parser.add_argument("--token-file", help="file holding the bearer token (env NEXUS_CLIENT_TOKEN[_FILE])")
+
+
+def client_security(args: argparse.Namespace) -> dict:
+    """``NexusClient`` keyword arguments (credentials, token) from the flags over ``NEXUS_CLIENT_*`` env."""
+    from dataclasses import replace
+
+    from services.common.security import ClientSecurity
+
+    sec = ClientSecurity.from_env()
+    flags = {f: getattr(args, f, None) for f in ("tls_ca", "tls_cert", "tls_key", "token_file")}
+    if flags["token_file"]:
+        sec = replace(sec, token="")
+    return replace(sec, **{k: v for k, v in flags.items() if v}).client_kwargs()
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
 
-    with NexusClient(router=args.router) as client:
+    with NexusClient(router=args.router, **client_security(args)) as client:
         n = register_dir(client, args.tools)
     print(f"registered {n} tools")
     return 0
@@ -197,7 +218,7 @@ def cmd_route(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
 
     history = json.loads(args.history) if args.history else []
-    with NexusClient(router=args.router) as client:
+    with NexusClient(router=args.router, **client_security(args)) as client:
         resp = client.route_pb(args.query, history=history, top_k=args.top_k)
     print(json.dumps(MessageToDict(resp), indent=2))
     return 0
@@ -209,7 +230,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
 
     history = json.loads(args.history) if args.history else []
-    with NexusClient(engine=args.engine) as client:
+    with NexusClient(engine=args.engine, **client_security(args)) as client:
         for msg in client.generate_stream(args.query, args.tool, history=history):
             if msg.HasField("token"):
                 print(msg.token, end="", flush=True, file=sys.stderr)
@@ -243,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("register", help="register a directory of MCP tool files")
     r.add_argument("--tools", default=_default_tools_dir())
     r.add_argument("--router", default="127.0.0.1:50051")
+    add_client_security_args(r)
     r.set_defaults(fn=cmd_register)
 
     from services.ingest.cli import add_ingest_parser
@@ -254,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--history", help="JSON list of {role, content}")
     q.add_argument("--top-k", type=int)
     q.add_argument("--router", default="127.0.0.1:50051")
+    add_client_security_args(q)
     q.set_defaults(fn=cmd_route)
 
     g = sub.add_parser("generate", help="stream the arguments of a tool call")
@@ -261,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tool", required=True)
     g.add_argument("--history", help="JSON list of {role, content}")
     g.add_argument("--engine", default="127.0.0.1:50053")
+    add_client_security_args(g)
     g.set_defaults(fn=cmd_generate)
 
     e = sub.add_parser("eval", help="offline evaluations, each writing a JSON report and a PNG plot")

@@ -11,6 +11,7 @@ import grpc
 from nexus.v1 import compiler_pb2, compiler_pb2_grpc
 from nexus_client import NexusClient, NexusClientError
 from services.common.errors import from_rpc_error
+from services.common.security import ClientSecurity
 from services.common.tools import Tool
 
 DEFAULT_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -18,16 +19,23 @@ DEFAULT_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
 
 
 class AsyncCompilerClient:
-    def __init__(self, addr: str, timeout_s: float = 60.0):
+    """The router's client of the compiler; ``security`` adds TLS and / or a bearer token
+    (``ClientSecurity.for_compiler(router_config)``)."""
+
+    def __init__(self, addr: str, timeout_s: float = 60.0, security: ClientSecurity | None = None):
         self.addr = addr
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(addr, options=DEFAULT_OPTIONS)
+        security = security or ClientSecurity()
+        creds = security.credentials()
+        self._metadata = security.metadata() or None
+        self._channel = (grpc.aio.secure_channel(addr, creds, options=DEFAULT_OPTIONS) if creds is not None
+                         else grpc.aio.insecure_channel(addr, options=DEFAULT_OPTIONS))
         self._stub = compiler_pb2_grpc.CompilerServiceStub(self._channel)
 
     async def compile(self, tool: Tool) -> compiler_pb2.CompileResponse:
         try:
             return await self._stub.Compile(compiler_pb2.CompileRequest(tool=tool.to_json()), timeout=self.timeout_s,
-                                            wait_for_ready=True)
+                                            wait_for_ready=True, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from e
 
@@ -35,4 +43,4 @@ class AsyncCompilerClient:
         await self._channel.close()
 
 
-__all__ = ["AsyncCompilerClient", "NexusClient", "NexusClientError"]
+__all__ = ["AsyncCompilerClient", "ClientSecurity", "NexusClient", "NexusClientError"]

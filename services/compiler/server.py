@@ -7,6 +7,7 @@ import asyncio
 from nexus.v1 import compiler_pb2_grpc
 from services.common.embedder import Embedder
 from services.common.metrics import Metrics
+from services.common.security import ServerSecurity
 from services.common.server import Registration, serve
 from services.common.store import open_store
 from services.compiler.compiler import Compiler
@@ -19,7 +20,12 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
     store = open_store(config.store_url)
     embedder = await asyncio.to_thread(Embedder, config.embedder_path)
     tokenize = await asyncio.to_thread(load_tokenizer, config.model_path)
-    compiler = Compiler(store, embedder, tokenize)
+    blocks = None
+    if config.kv_blocks:
+        from services.compiler.kvblock import BlockCompiler
+
+        blocks = await asyncio.to_thread(BlockCompiler, config.model_path, n_threads=config.kv_threads)
+    compiler = Compiler(store, embedder, tokenize, blocks)
     metrics = Metrics("compiler")
 
     async def warmup() -> None:
@@ -27,6 +33,8 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
         await asyncio.to_thread(embedder.embed_one, "warm up")
 
     async def on_stop() -> None:
+        if blocks is not None:
+            blocks.close()
         store.close()
 
     await serve(
@@ -34,5 +42,5 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
                       "nexus.v1.CompilerService")],
         host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
         warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
-        metrics=metrics, metrics_port=config.metrics_port,
+        metrics=metrics, metrics_port=config.metrics_port, security=ServerSecurity.from_config(config),
     )

@@ -20,6 +20,23 @@ class EngineConfig:
     n_threads: int = 2
     n_batch: int = 512
     seed: int = 0
+    # Layers offloaded to a GPU (0: CPU). A discrete GPU makes the engine decline splices (path B).
+    n_gpu_layers: int = 0
+    # Path A: splice the tool's compiled KV block instead of prefilling its signature (when the compiler
+    # made one for this model). R(n) repair: R_base % up to M positions, rising to 100 % at K * M.
+    splice: bool = True
+    splice_M: int = 256
+    splice_R_base: float = 5.0
+    splice_K: float = 4.0
+    # Fraction of splices checked against a text prefill in the sidecar sequence (0 = only on request).
+    splice_validate_rate: float = 0.0
+    # Copy bias (services/engine/copybias.py): nudges string values toward spans of the request.
+    copy_bias: bool = True
+    copy_start_bias: float = 2.0
+    copy_continue_bias: float = 5.0
+    copy_close_bias: float = 3.0
+    # Decoded KV blocks kept in memory (LRU).
+    block_cache: int = 64
     default_max_tokens: int = 256
     max_tokens_limit: int = 2048
     max_query_chars: int = 8192
@@ -31,3 +48,11 @@ class EngineConfig:
     # Prometheus /metrics HTTP port (0 disables the endpoint).
     metrics_port: int = 9103
     log_level: str = "INFO"
+    # Transport security (services/common/security.py; all off by default): PEM server cert + key serve the
+    # port over TLS, tls_client_ca requires client certificates (mTLS), auth_token / auth_token_file require
+    # `authorization: Bearer <token>` on every call except health.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_token: str = ""
+    auth_token_file: str = ""

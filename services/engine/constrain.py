@@ -68,24 +68,29 @@ def choose_constrained(trie: TokenTrie, next_logits: Callable[[list[int]], np.nd
 
 
 class LlamaNameChooser:
-    """``choose_constrained`` on a live llama-cpp-python ``Llama``: evaluates the prompt, then decodes."""
+    """``choose_constrained`` on the engine's live llama.cpp sequence: prefills the prompt, then decodes."""
 
-    def __init__(self, llm):
-        self.llm = llm
+    def __init__(self, engine):
+        self.engine = engine
 
     def choose(self, prompt_tokens: list[int], names: Sequence[str]) -> tuple[str, int]:
-        import llama_cpp
-
-        llm = self.llm
+        eng = self.engine
+        llm = eng.llm
         trie = TokenTrie(names, lambda s: llm.tokenize(s.encode("utf-8"), add_bos=False, special=False))
-        llm.reset()
-        llm.eval(prompt_tokens)
-        n_vocab = llm.n_vocab()
+        with eng.lock:
+            eng.forget_live()
+            sc = eng.sc
+            sc.decode(list(prompt_tokens), 0)
+            pos = len(prompt_tokens)
 
-        def next_logits(chosen: list[int]) -> np.ndarray:
-            if chosen:
-                llm.eval(chosen[-1:])
-            ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-            return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+            def next_logits(chosen: list[int]) -> np.ndarray:
+                nonlocal pos
+                if chosen:
+                    sc.decode(chosen[-1:], pos)
+                    pos += 1
+                return sc.logits()
 
-        return choose_constrained(trie, next_logits)
+            try:
+                return choose_constrained(trie, next_logits)
+            finally:
+                eng.forget_live()

@@ -2,6 +2,10 @@
 
 The context is owned by one ``Engine`` per host and guarded by one coarse re-entrant lock held for a
 whole turn, so concurrent requests are serialised and outputs are deterministic (greedy decoding).
+
+A turn's prompt is head | signature | request. Path A splices the tool's compiled KV block (``.atb``) after
+the head (reanchored and repaired with R(n) when the head is longer than the compile prelude); path B
+prefills the signature as text. Either way the longest exact prefix already in the live sequence is reused.
 No protobuf here."""
 
 from __future__ import annotations
@@ -14,12 +18,16 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from services.common.errors import (
     ArtifactNotFound,
     DataCorruption,
+    FailedPrecondition,
+    InvalidArgument,
+    ModelMismatch,
     ResourceExhausted,
     ToolNotFound,
 )
@@ -29,14 +37,22 @@ from services.common.tools import Tool
 from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import grammar_key, signature_key
 from services.compiler.grammar import compile_grammar
+from services.compiler.kvblock import PromptSegments
 from services.compiler.signature import signature
 from services.engine.config import EngineConfig
-from services.engine.prompt import ChatTemplate, Turn, build_messages, prune_history
+from services.engine.copybias import CopyBias
+from services.engine.prompt import Turn, prune_history
+from services.engine.sampling import GrammarSampler
+from services.engine.splice import LIVE_SEQ, kl_divergence, recompute_fraction
 
 log = logging.getLogger("nexus.engine")
 
 PATH_TEXT = "text"
 PATH_SPLICE = "splice"
+PREFILL_AUTO, PREFILL_SPLICE, PREFILL_TEXT = "auto", "splice", "text"
+FIDELITY_ADAPTIVE, FIDELITY_EXACT = "adaptive", "exact"
+SIDECAR_SEQ = 2  # splice validation: the same prompt text-prefilled from position 0
+WARM_SEQ = 3  # the prelude, decoded once: copied into the live sequence at the start of every turn
 
 
 @dataclass(frozen=True)
@@ -59,7 +75,11 @@ class Result:
     path: str
     path_reason: str
     schema_valid: bool
-    recompute_fraction: float | None = None
+    recompute_fraction: float | None = None  # R (percent) of a splice
+    recomputed_tokens: int = 0  # block tokens re-decoded by the repair
+    spliced_tokens: int = 0  # block tokens transplanted
+    validation_kl: float | None = None  # sidecar check: KL(text prefill || splice) of the first token
+    validation_top1: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -140,38 +160,89 @@ class JsonObjectTracker:
         return hit
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How a turn's prompt gets into the live sequence."""
+
+    path: str
+    reason: str
+    block: Any = None
+    recompute_pct: float | None = None
+    anchored: bool = False
+
+
 class Engine:
+    """One llama.cpp context per host (``SpliceContext``: live, scratch and sidecar sequences), the tool
+    artifacts from the store, and the turn: prompt in (text prefill or KV splice), grammar-constrained greedy
+    arguments out."""
+
     def __init__(self, config: EngineConfig, store: Store):
         from llama_cpp import Llama
+
+        from services.compiler.kvblock import kv_fingerprint, layout_for
+        from services.engine.splice import SpliceContext
 
         self.config = config
         self.store = store
         self.model_path = resolve_gguf(config.model_path)
         self.model_fingerprint = file_fingerprint(self.model_path)
-        self.llm = Llama(
-            model_path=str(self.model_path),
-            n_ctx=config.n_ctx,
-            n_threads=config.n_threads,
-            n_threads_batch=config.n_threads,
-            n_batch=config.n_batch,
-            seed=config.seed,
-            verbose=False,
-        )
-        meta = self.llm.metadata or {}
-        self.template = ChatTemplate(
-            meta.get("tokenizer.chat_template"),
-            bos=self._token_text(self.llm.token_bos()),
-            eos=self._token_text(self.llm.token_eos()),
-        )
+        # vocabulary only: tokenizer, chat template and metadata; the weights live in the splice context
+        self.llm = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
+        self.layout = layout_for(self.llm)
+        self.template = self.layout.template
+        self.sc = SpliceContext(str(self.model_path), n_ctx=config.n_ctx, n_batch=config.n_batch,
+                                n_threads=config.n_threads, n_seq_max=4, n_gpu_layers=config.n_gpu_layers,
+                                fingerprint=bytes.fromhex(self.model_fingerprint)[:16])
+        self.n_ctx = self.sc.n_ctx
+        self.prelude = self.layout.prelude()
+        # the part of every head, with or without history: system prompt, worked example, user-turn opening
+        with_history = self.layout.segments("x", "", [Turn("user", "x")]).head
+        n = 0
+        while n < min(len(with_history), len(self.prelude)) and with_history[n] == self.prelude[n]:
+            n += 1
+        self.const_prefix = self.prelude[:n]
+        self.kv_fingerprint = kv_fingerprint(self.model_fingerprint, self.prelude)
         self.lock = threading.RLock()
         self._artifacts: OrderedDict[str, ToolArtifacts] = OrderedDict()
-        self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0}
+        self._blocks: OrderedDict[str, Any] = OrderedDict()
+        self._live: list[int] = []  # the tokens whose K/V the live sequence holds, in order
+        self._exact_upto = 0  # the live K/V equal a text prefill of _live[:_exact_upto] (safe to reuse)
+        self._turns = 0
+        self.last_prompt_logits: np.ndarray | None = None  # next-token logits after the last prompt (tests)
+        self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0,
+                      "splice_declined": 0, "validations": 0, "validation_fallbacks": 0}
+
+    def close(self) -> None:
+        with self.lock:
+            self.sc.close()
+            self.llm.close()
+
+    def warmup(self) -> None:
+        """Decode the constant prompt head (the prelude) once into the warm sequence; every turn copies it."""
+        with self.lock:
+            self._warm_ready = False
+            self.sc.prefill(self.prelude, WARM_SEQ)
+            self._warm_ready = True
+
+    def _pieces(self) -> list[str]:
+        if getattr(self, "_vocab_pieces", None) is None:
+            self._vocab_pieces = [self.llm.detokenize([t]).decode("utf-8", errors="ignore")
+                                  for t in range(self.llm.n_vocab())]
+        return self._vocab_pieces
 
     def _closer(self) -> ClosingBias:
         if getattr(self, "_closing_bias", None) is None:
-            self._closing_bias = ClosingBias.for_vocab(
-                [self.llm.detokenize([t]).decode("utf-8", errors="ignore") for t in range(self.llm.n_vocab())])
+            self._closing_bias = ClosingBias.for_vocab(self._pieces())
         return self._closing_bias
+
+    def _copier(self) -> CopyBias | None:
+        c = self.config
+        if not c.copy_bias:
+            return None
+        if getattr(self, "_copy_bias", None) is None:
+            self._copy_bias = CopyBias(self._pieces(), start_bias=c.copy_start_bias,
+                                       continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias)
+        return self._copy_bias
 
     def _token_text(self, tok: int) -> str:
         if tok < 0:
@@ -201,6 +272,31 @@ class Engine:
             self._artifacts.popitem(last=False)
         return arts
 
+    def kv_block(self, tool: Tool, view: list[int]) -> Any:
+        """The tool's compiled .atb block for this model and prompt head, decoded and checked.
+
+        ArtifactNotFound when the compiler made none; ModelMismatch when it was compiled for another
+        model or RoPE regime, or for other tokens; DataCorruption when it does not decode."""
+        import nexus_native as nn
+
+        from services.compiler.kvblock import kv_block_key
+
+        key = kv_block_key(tool, self.model_fingerprint, self.prelude)
+        block = self._blocks.get(key)
+        if block is None:
+            data = self.store.get(key)
+            try:
+                block = self.sc.load_block(data)  # ModelMismatch for a foreign block: never loaded
+            except nn.AtbError as e:
+                raise DataCorruption(f"KV block {key} does not decode: {e}") from e
+            self._blocks[key] = block
+            while len(self._blocks) > self.config.block_cache:
+                self._blocks.popitem(last=False)
+        self._blocks.move_to_end(key)
+        if block.n_tokens != len(view) or block.token_hash != nn.token_hash(view) or block.anchor != len(self.prelude):
+            raise ModelMismatch(f"KV block {key} was compiled from other tokens or another prompt head")
+        return block
+
     # -- generation -------------------------------------------------------------------------
     def _check(self, query: str, history: Sequence[Turn], max_tokens: int | None) -> int:
         check_request(query, len(history), max_query_chars=self.config.max_query_chars,
@@ -216,84 +312,237 @@ class Engine:
     def window(self, history: Sequence[Turn]) -> list[Turn]:
         return prune_history(history, self.config.history_turns, self.config.history_turn_chars)
 
-    def prompt_tokens(self, arts: ToolArtifacts, query: str, history: Sequence[Turn]) -> list[int]:
-        """System (with the compact signature) + pruned conversation window + query."""
-        return self.tokenize_messages(build_messages(arts.signature, query, self.window(history)))
+    def segments(self, arts: ToolArtifacts, query: str, history: Sequence[Turn]) -> PromptSegments:
+        """System + worked example + pruned conversation window | signature | request, as token segments."""
+        return self.layout.segments(arts.signature, query, self.window(history))
 
-    def generate(self, query: str, tool: str, history: Sequence[Turn] = (),
-                 max_tokens: int | None = None, reuse_prefix: bool = True) -> Iterator[Token | Result]:
-        """Yield ``Token`` pieces as they are sampled, then one ``Result``."""
+    def prompt_tokens(self, arts: ToolArtifacts, query: str, history: Sequence[Turn]) -> list[int]:
+        return self.segments(arts, query, history).tokens
+
+    def generate(self, query: str, tool: str, history: Sequence[Turn] = (), max_tokens: int | None = None,
+                 *, fidelity: str = FIDELITY_ADAPTIVE, prefill: str = PREFILL_AUTO,
+                 validate: bool | None = None) -> Iterator[Token | Result]:
+        """Yield ``Token`` pieces as they are sampled, then one ``Result``.
+
+        ``prefill``: "auto" (splice when possible, else text prefill with the reason), "splice" (splice or
+        FAILED_PRECONDITION), "text". ``fidelity``: "adaptive" (R(n)) or "exact" (R = 100 % off anchor).
+        ``validate``: run the sidecar check on a splice (None: the config's sampling rate)."""
+        if fidelity not in (FIDELITY_ADAPTIVE, FIDELITY_EXACT):
+            raise InvalidArgument(f"unknown fidelity {fidelity!r}")
+        if prefill not in (PREFILL_AUTO, PREFILL_SPLICE, PREFILL_TEXT):
+            raise InvalidArgument(f"unknown prefill path {prefill!r}")
         limit = self._check(query, history, max_tokens)
         t0 = time.perf_counter()
         arts = self.artifacts(tool)
         with self.lock:
-            tokens = self.prompt_tokens(arts, query, history)
-            yield from self.generate_tokens(tokens, arts, limit, reuse_prefix=reuse_prefix, t0=t0)
+            seg = self.segments(arts, query, history)
+            plan = self._plan(arts, seg, fidelity, prefill)
+            if validate is None:  # sampled: every (1/rate)-th turn
+                rate = self.config.splice_validate_rate
+                validate = rate > 0 and self._turns % max(1, round(1 / rate)) == 0
+            self._turns += 1
+            source = "\n".join([t.content for t in self.window(history)] + [query])
+            yield from self._turn(seg, arts, limit, t0, plan, validate=validate and plan.path == PATH_SPLICE,
+                                  source=source)
 
-    def generate_tokens(self, tokens: list[int], arts: ToolArtifacts, limit: int, *, reuse_prefix: bool = True,
-                        t0: float | None = None, path: str = PATH_TEXT,
-                        path_reason: str = "text prefill of the compact signature") -> Iterator[Token | Result]:
-        """Prefill ``tokens`` (reusing the longest cached prefix when ``reuse_prefix``) and sample the
-        arguments under the tool's grammar. Callers build the prompt; the evaluation's arms use this with
-        other prompts (full schema, all schemas at the head)."""
-        import llama_cpp
-        from llama_cpp import LlamaGrammar
+    def _plan(self, arts: ToolArtifacts, seg: PromptSegments, fidelity: str, prefill: str) -> _Plan:
+        if prefill == PREFILL_TEXT:
+            return _Plan(PATH_TEXT, "text prefill requested")
+        strict = prefill == PREFILL_SPLICE
 
-        t0 = time.perf_counter() if t0 is None else t0
-        with self.lock:
-            if len(tokens) + limit > self.llm.n_ctx():
-                raise ResourceExhausted(
-                    f"prompt of {len(tokens)} tokens + {limit} to generate exceeds the context of {self.llm.n_ctx()}"
-                )
-            grammar = LlamaGrammar.from_string(arts.grammar, verbose=False)
-            # Reuse the longest common prefix already in the context (llama.cpp prefix cache), then
-            # prefill the rest but the last token, which generate() evaluates to get logits.
+        def decline(reason: str) -> _Plan:
+            if strict:
+                raise FailedPrecondition(f"splice requested but declined: {reason}")
+            self.stats["splice_declined"] += 1
+            return _Plan(PATH_TEXT, "path B: " + reason)
+
+        if not self.config.splice:
+            return decline("splicing is off in the engine config")
+        if not self.sc.uma.unified:
+            return decline(self.sc.uma.reason)
+        n_past = len(seg.head)
+        anchored = seg.head == self.prelude
+        if anchored:
+            pct = 0.0  # at its compile anchor after the same head, the block is the prefill's own K/V
+        elif fidelity == FIDELITY_EXACT:
+            pct = 100.0
+        else:
+            pct = recompute_fraction(n_past, self.config.splice_M, self.config.splice_R_base, self.config.splice_K)
+        if pct >= 100.0 and not strict:
+            return decline(f"n_past={n_past}: R = 100 %, a text prefill of the signature costs less than a "
+                           "splice with a full repair")
+        if n_past + len(seg.view) + len(seg.tail) + 1 > self.n_ctx:
+            return decline("the prompt does not fit the context")
+        try:
+            block = self.kv_block(arts.tool, seg.view)
+        except ArtifactNotFound:
+            return decline("no compiled KV block for this model and prompt head in the store")
+        except (ModelMismatch, DataCorruption) as e:
+            log.warning("KV block refused", extra={"tool": arts.tool.name, "reason": str(e)})
+            if strict:
+                raise
+            return decline(f"KV block refused: {e}")
+        why = "anchored" if anchored else f"reanchored to n_past={n_past}, R = {pct:.1f} %"
+        return _Plan(PATH_SPLICE, f"path A: KV block spliced ({why})", block, pct, anchored)
+
+    def forget_live(self) -> None:
+        """Empty the live sequence (for callers that decode into it directly; hold ``lock``)."""
+        self.sc.reset(LIVE_SEQ)
+        self._live, self._exact_upto = [], 0
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(self.sc._ll.llama_model_n_ctx_train(self.sc.model))
+
+    def _start(self, tokens: Sequence[int], head_len: int) -> int:
+        """Start the live sequence for a prompt whose first ``head_len`` tokens are its head; returns how many
+        positions are already in place.
+
+        Reuse is by whole units only, so a turn computes the same K/V whatever ran before it (concurrent
+        requests stay bit-identical): the whole head when the live sequence holds exactly it as a text
+        prefill (a retry, the next call of the same turn), else the prelude or the constant prefix copied from
+        the warm sequence (decoded once, in one batch, like the compiler's blocks), else nothing. Decoding the
+        remainder of a prefix in small pieces would round differently than one batch."""
+        head = list(tokens[:head_len])
+        if self._exact_upto >= head_len and self._live[:head_len] == head:
+            keep = head_len
+            self.sc.seq_rm(LIVE_SEQ, keep, -1)
+        else:
+            self.sc.seq_rm(LIVE_SEQ)
             keep = 0
-            if reuse_prefix and self.llm.n_tokens:
-                cached = self.llm.input_ids[: self.llm.n_tokens]
-                for a, b in zip(cached, tokens[:-1], strict=False):
-                    if a != b:
-                        break
-                    keep += 1
-            else:
-                self.llm.reset()
-            self.llm.n_tokens = keep
+            if not getattr(self, "_warm_ready", False):
+                self.warmup()
+            for unit in (self.prelude, self.const_prefix):
+                if head_len >= len(unit) and head[: len(unit)] == unit:
+                    keep = len(unit)
+                    self.sc.seq_cp(WARM_SEQ, LIVE_SEQ, 0, keep)
+                    break
+        self._live = head[:keep]
+        self._exact_upto = keep
+        return keep
+
+    def _reuse(self, tokens: Sequence[int]) -> int:
+        """Keep the longest prefix of the live sequence that equals ``tokens`` and is an exact text prefill;
+        drop the rest. Returns how many positions were kept. (Eval arms that measure a warm prefix cache;
+        turns use ``_start``.)"""
+        keep = 0
+        for a, b in zip(self._live[: self._exact_upto], tokens, strict=False):
+            if a != b:
+                break
+            keep += 1
+        self.sc.seq_rm(LIVE_SEQ, keep, -1)
+        del self._live[keep:]
+        self._exact_upto = min(self._exact_upto, keep)
+        return keep
+
+    def _load_prompt(self, seg: PromptSegments, plan: _Plan, reuse_prefix: bool | str) -> tuple[int, int]:
+        """Put the prompt into the live sequence; returns (recomputed, spliced) token counts.
+        ``reuse_prefix``: True (whole units, ``_start``), "lcp" (longest common prefix), False (nothing)."""
+        tokens = seg.tokens
+        head, view = seg.head, seg.view
+        if not reuse_prefix:
+            self.forget_live()
+        if reuse_prefix == "lcp":
+            keep = self._reuse(tokens[:-1])  # at least one token is decoded: its logits start sampling
+        elif reuse_prefix:
+            keep = self._start(tokens, min(len(head), len(tokens) - 1))
+        else:
+            keep = 0
+        if plan.path == PATH_TEXT:
+            self.sc.decode(tokens[keep:], keep)
+            self._live, self._exact_upto = list(tokens), len(tokens)
+            return 0, 0
+        if keep < len(head):
+            self.sc.decode(head[keep:], keep)
+        self._live = list(head)
+        recomputed = self.sc.splice(plan.block, len(head), plan.recompute_pct, schema_tokens=view)
+        self.sc.decode(seg.tail, len(head) + len(view))
+        self._live = list(tokens)
+        exact = plan.anchored or plan.recompute_pct >= 100.0
+        self._exact_upto = len(tokens) if exact else len(head)
+        return recomputed, len(view)
+
+    def _sidecar_check(self, tokens: list[int], live_logits: np.ndarray) -> tuple[float, bool, np.ndarray]:
+        """Text-prefill the same prompt (the pruned window, from position 0) in the sidecar sequence and compare
+        its next-token distribution with the spliced live sequence's. The sidecar is left in place."""
+        self.sc.seq_rm(SIDECAR_SEQ)
+        self.sc.decode(tokens, 0, SIDECAR_SEQ)
+        ref = self.sc.logits()
+        return kl_divergence(ref, live_logits), int(np.argmax(ref)) == int(np.argmax(live_logits)), ref
+
+    def _turn(self, seg: PromptSegments, arts: ToolArtifacts, limit: int, t0: float, plan: _Plan, *,
+              validate: bool = False, reuse_prefix: bool = True, source: str = "") -> Iterator[Token | Result]:
+        import llama_cpp
+
+        tokens = seg.tokens
+        if len(tokens) + limit > self.n_ctx:
+            raise ResourceExhausted(
+                f"prompt of {len(tokens)} tokens + {limit} to generate exceeds the context of {self.n_ctx}")
+        sampler = GrammarSampler(llama_cpp, self.sc.vocab, arts.grammar, self.sc.n_vocab)
+        path, reason = plan.path, plan.reason
+        v_kl = v_top1 = None
+        try:
             tp = time.perf_counter()
-            self.llm.eval(tokens[keep:-1])
+            recomputed, spliced = self._load_prompt(seg, plan, reuse_prefix)
             prefill_ms = (time.perf_counter() - tp) * 1e3
+            logits = self.last_prompt_logits = self.sc.logits()
+            if validate:
+                self.stats["validations"] += 1
+                v_kl, v_top1, ref = self._sidecar_check(tokens, logits)
+                if not v_top1:
+                    # never worse than a full prefill: the sidecar's text prefill becomes the live sequence
+                    self.stats["validation_fallbacks"] += 1
+                    self.sc.seq_rm(LIVE_SEQ)
+                    self.sc.seq_cp(SIDECAR_SEQ, LIVE_SEQ)
+                    self._exact_upto = len(tokens)
+                    logits, path = ref, PATH_TEXT
+                    reason = f"path B: sidecar validation disagreed with the splice (KL {v_kl:.3g}); text prefill"
+                self.sc.seq_rm(SIDECAR_SEQ)
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             tracker = JsonObjectTracker()
             pieces: list[str] = []
             first_token_ms = first_arg_ms = 0.0
             n_out = 0
-            eos = self.llm.token_eos()
-            vocab = self.llm._model.vocab
+            n_pos = len(tokens)
             closer = self._closer()
-            closer.active = False
+            closer.active = closer.in_string = False
+            copier = self._copier()
+            if copier is not None:
+                copier.begin(source)
             # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
             # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
             hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])
-            for tok in self.llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0,
-                                         repeat_penalty=1.0, grammar=grammar, reset=True,
-                                         logits_processor=[closer]):
+            while True:
+                if copier is not None:
+                    logits = copier(logits)
+                tok = sampler.pick(closer(None, logits))
                 now = (time.perf_counter() - t0) * 1e3
                 if n_out == 0:
                     first_token_ms = now
-                if tok == eos or llama_cpp.llama_vocab_is_eog(vocab, tok):
+                if tok < 0 or llama_cpp.llama_vocab_is_eog(self.sc.vocab, tok):
                     break
+                sampler.accept(tok)
                 n_out += 1
                 piece = decoder.decode(self.llm.detokenize([tok]))
                 if piece:
                     pieces.append(piece)
+                    if copier is not None:
+                        copier.feed(piece)
                     if tracker.feed(piece):
                         first_arg_ms = now
                     yield Token(piece)
-                if tracker.done or n_out >= hard_stop:
+                if tracker.done or n_out >= hard_stop or n_pos + 1 >= self.n_ctx:
                     break
                 closer.in_string = tracker.in_string
                 if n_out >= limit:
                     closer.active = True
+                self.sc.decode([tok], n_pos)
+                self._live.append(tok)
+                n_pos += 1
+                logits = self.sc.logits()
             total_ms = (time.perf_counter() - t0) * 1e3
+        finally:
+            sampler.close()
         text = "".join(pieces).strip()
         valid = _validate(text, arts.tool)
         if not first_arg_ms:
@@ -304,8 +553,25 @@ class Engine:
         yield Result(
             tool=arts.tool.name, arguments_json=text, first_token_ms=first_token_ms, first_arg_token_ms=first_arg_ms,
             total_ms=total_ms, prefill_ms=prefill_ms, prompt_tokens=len(tokens), completion_tokens=n_out,
-            path=path, path_reason=path_reason, schema_valid=valid,
+            path=path, path_reason=reason, schema_valid=valid,
+            recompute_fraction=plan.recompute_pct if path == PATH_SPLICE else None,
+            recomputed_tokens=recomputed if path == PATH_SPLICE else 0,
+            spliced_tokens=spliced if path == PATH_SPLICE else 0,
+            validation_kl=v_kl, validation_top1=v_top1,
         )
+
+    def generate_tokens(self, tokens: list[int], arts: ToolArtifacts, limit: int, *, reuse_prefix: bool = True,
+                        t0: float | None = None, path_reason: str = "text prefill",
+                        source: str = "") -> Iterator[Token | Result]:
+        """Text-prefill ``tokens`` (reusing the longest cached prefix when ``reuse_prefix``) and sample the
+        arguments under the tool's grammar. The evaluation's arms use this with other prompts (full schema,
+        all schemas at the head). ``source``: the request text the copy bias copies from."""
+        t0 = time.perf_counter() if t0 is None else t0
+        with self.lock:
+            seg = PromptSegments(list(tokens), [], [])
+            yield from self._turn(seg, arts, limit, t0, _Plan(PATH_TEXT, path_reason),
+                                  reuse_prefix="lcp" if reuse_prefix else False,
+                                  source=source)
 
 
 def _validate(text: str, tool: Tool) -> bool:

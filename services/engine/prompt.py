@@ -16,12 +16,15 @@ SYSTEM = (
 # One worked example from a domain no registered tool covers, so its values cannot leak into real calls. It
 # shows copying paths verbatim and words mapped onto an enum and a boolean. (Three examples measured no
 # better on the tuning sample and cost ~200 more tokens of re-prefill: reports/args_experiments.md.)
-# The request comes before the function, as in real turns.
+# The function comes before the request: without history, everything before the function's signature is
+# the same for every tool and turn, so a tool's compiled KV block (.atb) lands exactly at its compile anchor.
 EXAMPLES = (
-    ("Request: copy /var/photos/2019 to /mnt/nas/bk as a compressed full backup\n"
-     'Function: backup_folder(source_dir: str, dest_dir: str, compress?: bool, mode?: "full"|"incremental")',
+    ('Function: backup_folder(source_dir: str, dest_dir: str, compress?: bool, mode?: "full"|"incremental")\n'
+     "Request: copy /var/photos/2019 to /mnt/nas/bk as a compressed full backup",
      '{"source_dir": "/var/photos/2019", "dest_dir": "/mnt/nas/bk", "compress": true, "mode": "full"}'),
 )
+# Marks where the tool view sits in the rendered prompt (split out to tokenize the prompt in segments).
+VIEW_MARK = "\x00NEXUS_TOOL_VIEW\x00"
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -76,12 +79,34 @@ def request_text(tool_view: str, query: str, history: Sequence[Turn]) -> str:
     parts = []
     if history:
         parts.append("Conversation so far:\n" + "\n".join(f"{t.role}: {t.content}" for t in history) + "\n")
-    parts.append(f"Request: {query}\nFunction: {tool_view}")
+    parts.append(f"Function: {tool_view}\nRequest: {query}")
     return "\n".join(parts)
 
 
 def build_messages(tool_view: str, query: str, history: Sequence[Turn]) -> list[dict[str, str]]:
     return [*prefix_messages(), {"role": "user", "content": request_text(tool_view, query, history)}]
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """A rendered prompt cut around the tool view: ``head + view + tail``. ``view`` starts with the space
+    after "Function:", so the cut sits on a pre-token boundary and the three parts tokenize independently."""
+
+    head: str
+    view: str
+    tail: str
+
+
+def split_prompt(template: ChatTemplate, tool_view: str, query: str, history: Sequence[Turn]) -> PromptText:
+    text = template.render(build_messages(VIEW_MARK, query, history))
+    head, sep, tail = text.partition(VIEW_MARK)
+    if not sep or VIEW_MARK in tail:
+        raise ValueError("chat template lost or repeated the tool view")
+    if head.endswith(" "):
+        head, view = head[:-1], " " + tool_view
+    else:
+        view = tool_view
+    return PromptText(head, view, tail)
 
 
 class ChatTemplate:

@@ -19,15 +19,10 @@ async def run(config: EngineConfig, *, ready=None, stop_event: asyncio.Event | N
     metrics = Metrics("engine")
 
     async def warmup() -> None:
-        def _warm() -> None:
-            with engine.lock:
-                engine.llm.reset()
-                engine.llm.eval(engine.llm.tokenize(b"warm up", add_bos=True))
-                engine.llm.reset()
-
-        await asyncio.to_thread(_warm)
+        await asyncio.to_thread(engine.warmup)
 
     async def on_stop() -> None:
+        engine.close()
         store.close()
 
     await serve(

@@ -7,10 +7,24 @@ import threading
 
 from nexus.v1 import engine_pb2, engine_pb2_grpc
 from services.common.metrics import Metrics
-from services.engine.engine import PATH_SPLICE, Engine, Result, Token
+from services.engine.engine import (
+    FIDELITY_ADAPTIVE,
+    FIDELITY_EXACT,
+    PATH_SPLICE,
+    PREFILL_AUTO,
+    PREFILL_SPLICE,
+    PREFILL_TEXT,
+    Engine,
+    Result,
+    Token,
+)
 from services.engine.prompt import Turn
 
 _PATH_TO_PB = {"text": engine_pb2.PREFILL_PATH_TEXT, PATH_SPLICE: engine_pb2.PREFILL_PATH_SPLICE}
+_PREFILL_FROM_PB = {engine_pb2.PREFILL_PATH_UNSPECIFIED: PREFILL_AUTO, engine_pb2.PREFILL_PATH_SPLICE: PREFILL_SPLICE,
+                    engine_pb2.PREFILL_PATH_TEXT: PREFILL_TEXT}
+_FIDELITY_FROM_PB = {engine_pb2.FIDELITY_UNSPECIFIED: FIDELITY_ADAPTIVE, engine_pb2.FIDELITY_ADAPTIVE: FIDELITY_ADAPTIVE,
+                     engine_pb2.FIDELITY_EXACT: FIDELITY_EXACT}
 _DONE = object()
 
 
@@ -21,7 +35,9 @@ def result_to_pb(r: Result) -> engine_pb2.GenerateResult:
                                    total_ms=r.total_ms, prefill_ms=r.prefill_ms),
         prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
         path=_PATH_TO_PB.get(r.path, engine_pb2.PREFILL_PATH_UNSPECIFIED), path_reason=r.path_reason,
-        schema_valid=r.schema_valid,
+        schema_valid=r.schema_valid, recompute_fraction=r.recompute_fraction,
+        spliced_tokens=r.spliced_tokens, recomputed_tokens=r.recomputed_tokens,
+        validation_kl=r.validation_kl, validation_top1=r.validation_top1,
     )
 
 
@@ -36,10 +52,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         cancelled = threading.Event()
         history = [Turn(t.role, t.content) for t in request.history]
         max_tokens = request.max_tokens if request.HasField("max_tokens") else None
+        # unknown enum numbers (a newer client) fall back to the defaults
+        prefill = _PREFILL_FROM_PB.get(request.prefill, PREFILL_AUTO)
+        fidelity = _FIDELITY_FROM_PB.get(request.fidelity, FIDELITY_ADAPTIVE)
+        validate = request.validate if request.HasField("validate") else None
 
         def work() -> None:
             try:
-                for ev in self.engine.generate(request.query, request.tool, history, max_tokens):
+                for ev in self.engine.generate(request.query, request.tool, history, max_tokens,
+                                               fidelity=fidelity, prefill=prefill, validate=validate):
                     loop.call_soon_threadsafe(queue.put_nowait, ev)
                     if cancelled.is_set():  # client went away: stop sampling, free the context
                         break
@@ -63,7 +84,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     self.metrics.ttft_ms.observe(ev.first_token_ms)
                     self.metrics.first_arg_ms.observe(ev.first_arg_token_ms)
                     if ev.recompute_fraction is not None:
-                        self.metrics.recompute_fraction.observe(ev.recompute_fraction)
+                        self.metrics.recompute_fraction.observe(ev.recompute_fraction / 100.0)
+                    if ev.validation_top1 is not None:
+                        self.metrics.splice_validations.labels("agree" if ev.validation_top1 else "fallback").inc()
                     yield engine_pb2.GenerateResponse(result=result_to_pb(ev))
         finally:
             cancelled.set()

@@ -135,9 +135,11 @@ class SpliceContext:
     compile / prefill / splice / repair operations. Not thread-safe: hold the engine's per-turn lock."""
 
     def __init__(self, model_path: str = "", *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int = 1,
-                 n_seq_max: int = 4, n_gpu_layers: int = 0, model: Any = None) -> None:
+                 n_seq_max: int = 4, n_gpu_layers: int = 0, model: Any = None,
+                 fingerprint: bytes | None = None) -> None:
         """``model``: an already loaded ``llama_model_p`` to share (e.g. ``Llama(...)._model.model`` of
-        the engine's high-level Llama; it must be the file at ``model_path``); not freed by close()."""
+        the engine's high-level Llama; it must be the file at ``model_path``); not freed by close().
+        ``fingerprint``: the model file's 16-byte fingerprint when the caller already hashed it."""
         import llama_cpp
         import nexus_native as nn
         from nexus_native.llama import gguf_fingerprint, spec_from_llama
@@ -178,10 +180,11 @@ class SpliceContext:
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.fingerprint = gguf_fingerprint(self.model_path)
+        self.fingerprint = fingerprint or gguf_fingerprint(self.model_path)
         self.spec = spec_from_llama(self.model, cp, fingerprint=self.fingerprint)
         self._logits: np.ndarray | None = None
         self._state_buf: Any = None
+        self._prelude_cache: tuple[int, list[int]] | None = None
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -268,9 +271,12 @@ class SpliceContext:
         return bytes(buf[:n])
 
     # -- compile --------------------------------------------------------------------------------------
-    def compile_block(self, prelude_tokens: Sequence[int], schema_tokens: Sequence[int]) -> Any:
+    def compile_block(self, prelude_tokens: Sequence[int], schema_tokens: Sequence[int], *,
+                      prelude_seq: int | None = None) -> Any:
         """Decode prelude+schema in the scratch sequence and keep only the schema cells: an AtbBlock with
-        anchor m0 = len(prelude), this model's fingerprint and the schema's token hash."""
+        anchor m0 = len(prelude), this model's fingerprint and the schema's token hash. With ``prelude_seq``
+        the prelude's K/V are kept in that sequence and reused by the next call with the same prelude (the
+        schema's K/V come out bit-identical: llama.cpp's batched decode does not depend on the split)."""
         nn = self._nn
         schema = list(schema_tokens)
         if not schema:
@@ -279,7 +285,16 @@ class SpliceContext:
         self.seq_rm(SCRATCH_SEQ)
         saved = self._logits
         try:
-            self.decode(list(prelude_tokens) + schema, 0, SCRATCH_SEQ)
+            if prelude_seq is None:
+                self.decode(list(prelude_tokens) + schema, 0, SCRATCH_SEQ)
+            else:
+                # the prelude stays decoded in ``prelude_seq`` across calls: only the schema is decoded here
+                prelude = list(prelude_tokens)
+                if self._prelude_cache != (prelude_seq, prelude):
+                    self.prefill(prelude, prelude_seq)
+                    self._prelude_cache = (prelude_seq, prelude)
+                self.seq_cp(prelude_seq, SCRATCH_SEQ)
+                self.decode(schema, m0, SCRATCH_SEQ)
             self.seq_rm(SCRATCH_SEQ, 0, m0)
             blob = self.get_seq(SCRATCH_SEQ)
         finally:

@@ -90,9 +90,10 @@ def placeholder_count(arguments_json: str) -> int:
     return n
 
 
-def run_generation(engine: Engine, tokens: list[int], arts, reuse_prefix: bool) -> Result:
+def run_generation(engine: Engine, tokens: list[int], arts, reuse_prefix: bool, source: str = "") -> Result:
     res = None
-    for ev in engine.generate_tokens(tokens, arts, engine.config.default_max_tokens, reuse_prefix=reuse_prefix):
+    for ev in engine.generate_tokens(tokens, arts, engine.config.default_max_tokens, reuse_prefix=reuse_prefix,
+                                     source=source):
         if isinstance(ev, Result):
             res = ev
     assert res is not None
@@ -175,6 +176,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         hist = [Turn(r, c) for r, c in ln.history]
         arts = engine.artifacts(ln.tool)
         window = engine.window(hist)
+        source = "\n".join([t.content for t in window] + [ln.query])  # what the copy bias copies from
         # the engine's own prompt (constant system + examples prefix, then window + view + request); the
         # full-schema arm differs only in showing the whole JSON schema where the hybrid shows the IR
         msgs = build_messages(arts.signature, ln.query, window)
@@ -184,7 +186,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         got: dict[str, Result] = {}
         for arm in order:
             toks = engine.tokenize_messages(msgs if arm == "hybrid" else msgs_full)
-            got[arm] = run_generation(engine, toks, arts, reuse_prefix=False)
+            got[arm] = run_generation(engine, toks, arts, reuse_prefix=False, source=source)
         # prefix-cached arm: the server's schemas at the head, the tool named in the user turn
         server_tools = [by_name[n] for n in registry.servers()[registry.server_of[ln.tool]]]
         head = SYSTEM_ALL.format(tools="\n".join(schema_view(t) for t in server_tools))
@@ -195,15 +197,16 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         warm_res = None
         # the cold prefill of a large head costs minutes on a shared 2-core host: heads above
         # ``warm_max_tokens`` are not run (their context use is still reported by registry size)
-        if len(warm_toks) <= warm_max_tokens and len(warm_toks) + cfg.default_max_tokens <= warm.llm.n_ctx():
-            warm_res = run_generation(warm, warm_toks, arts, reuse_prefix=True)
+        if len(warm_toks) <= warm_max_tokens and len(warm_toks) + cfg.default_max_tokens <= warm.n_ctx:
+            warm_res = run_generation(warm, warm_toks, arts, reuse_prefix=True, source=source)
         routed = route_fn(ln)
         if routed == ln.tool:
             routed_res = got["hybrid"]
         else:
             r_arts = engine.artifacts(routed)
             r_msgs = build_messages(r_arts.signature, ln.query, window)
-            routed_res = run_generation(engine, engine.tokenize_messages(r_msgs), r_arts, reuse_prefix=False)
+            routed_res = run_generation(engine, engine.tokenize_messages(r_msgs), r_arts, reuse_prefix=False,
+                                        source=source)
         rows.append(Row(ln.id, ln.tool, routed, is_correct(routed, ln.tool), ln.args, got["hybrid"], got["full"],
                         warm_res, routed_res, len(warm_toks)))
     report = summarize(rows, ir_tokens, registry, engine)
@@ -265,7 +268,7 @@ def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -
     for size in (10, 50, 100, 250, len(all_tools)):
         head = SYSTEM_ALL.format(tools="\n".join(schema_view(t) for t in all_tools[:size]))
         toks = len(engine.llm.tokenize(head.encode(), add_bos=False))
-        sizes[str(size)] = {"head_tokens": toks, "fits": toks + 512 <= engine.llm.n_ctx_train()}
+        sizes[str(size)] = {"head_tokens": toks, "fits": toks + 512 <= engine.n_ctx_train}
     fits = [int(k) for k, v in sizes.items() if v["fits"]]
     return {
         "n": n,
@@ -296,7 +299,7 @@ def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -
         "prompt_tokens_prefix_cached_median": median(warm_tokens) if warm_tokens else None,
         "prefix_cached_context_by_registry_size": sizes,
         "prefix_cached_max_registry_size_that_fits": max(fits) if fits else 0,
-        "context_window": engine.llm.n_ctx_train(),
+        "context_window": engine.n_ctx_train,
     }
 
 

@@ -40,3 +40,17 @@ class RouterConfig:
     exemplar_weight: float = 0.0
     # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
     native_scan: bool = True
+    # Transport security (services/common/security.py; all off by default): PEM server cert + key serve the
+    # port over TLS, tls_client_ca requires client certificates (mTLS), auth_token / auth_token_file require
+    # `authorization: Bearer <token>` on every call except health.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_token: str = ""
+    auth_token_file: str = ""
+    # How the router reaches a secured compiler: CA to trust (turns TLS on), client cert + key (mTLS), token.
+    compiler_tls_ca: str = ""
+    compiler_tls_cert: str = ""
+    compiler_tls_key: str = ""
+    compiler_auth_token: str = ""
+    compiler_auth_token_file: str = ""

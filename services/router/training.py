@@ -168,10 +168,19 @@ def slb_rank(index: SemanticIndex, qvecs: np.ndarray, k: int) -> list[list[tuple
     return [index.search(q, k) for q in qvecs]
 
 
+def pooled_scores(q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Query-tool scores: cosine against ``keys`` ``(n_tools, d)``, or the max over a tool's keys when
+    ``keys`` is ``(n_variants, n_tools, d)`` (several texts per tool, as the SLB scores them)."""
+    if keys.ndim == 2:
+        return q @ keys.T
+    return np.max(np.einsum("nd,vtd->vnt", q, keys), axis=0)
+
+
 def train_query_encoder(fit: list[Example], val: list[Example], names: list[str], keys: np.ndarray,
                         hp: GateHyperParams, progress: bool) -> tuple[Any, dict[str, Any]]:
-    """Fine-tune all-MiniLM-L6-v2 as the query side of an asymmetric retriever against fixed tool keys;
-    keeps the epoch with the best validation top-1."""
+    """Fine-tune all-MiniLM-L6-v2 as the query side of an asymmetric retriever against fixed tool keys
+    (``(n_tools, d)``, or ``(n_variants, n_tools, d)``: a tool scores the max over its keys, see
+    ``pooled_scores``); keeps the epoch with the best validation top-1."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -191,7 +200,7 @@ def train_query_encoder(fit: list[Example], val: list[Example], names: list[str]
         if not val:
             return float("nan")
         model.eval()
-        s = _encode_eval(model, [e.text for e in val]) @ keys.T
+        s = pooled_scores(_encode_eval(model, [e.text for e in val]), keys)
         return float(pos_val[np.arange(len(val)), s.argmax(1)].mean())
 
     history = [{"epoch": 0, "val_slb_top1": val_top1()}]
@@ -205,7 +214,7 @@ def train_query_encoder(fit: list[Example], val: list[Example], names: list[str]
             for b in range(0, len(order), hp.q_batch):
                 idx = order[b : b + hp.q_batch]
                 q = _encode_train(model, [fit[i].text for i in idx])
-                logits = q @ K.T / hp.q_temp
+                logits = (q @ K.T if K.dim() == 2 else torch.einsum("nd,vtd->vnt", q, K).amax(0)) / hp.q_temp
                 pm = pos_fit[idx]
                 # several equivalent tools may all be right: maximise the probability mass on them
                 loss = (torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~pm, -1e4), 1)).mean()

@@ -14,7 +14,7 @@ def chooser(tmp_path_factory, small_tools):
     store = LocalStore(tmp_path_factory.mktemp("cstore"))
     store.registry_put(small_tools)
     eng = Engine(EngineConfig(store_url=str(store.root)), store)
-    return eng, LlamaNameChooser(eng.llm), [t.name for t in small_tools]
+    return eng, LlamaNameChooser(eng), [t.name for t in small_tools]
 
 
 @pytest.mark.parametrize("query", [

@@ -1,7 +1,7 @@
 import json
 
 from services.engine.engine import JsonObjectTracker
-from services.engine.prompt import ChatTemplate, Turn, build_messages, prune_history, surrogate
+from services.engine.prompt import ChatTemplate, Turn, build_messages, prune_history, split_prompt, surrogate
 
 
 def test_prune_keeps_recent_turns_and_replaces_tool_payloads():
@@ -22,7 +22,18 @@ def test_surrogate_keeps_short_payloads_verbatim():
 def test_chatml_fallback_renders_generation_prompt():
     text = ChatTemplate(None).render(build_messages("f(a: str)", "do it", []))
     assert text.endswith("<|im_start|>assistant\n")
-    assert "<|im_start|>user\nRequest: do it\nFunction: f(a: str)<|im_end|>" in text
+    assert "<|im_start|>user\nFunction: f(a: str)\nRequest: do it<|im_end|>" in text
+
+
+def test_split_prompt_cuts_around_the_view_and_keeps_the_head_constant():
+    tpl = ChatTemplate(None)
+    a = split_prompt(tpl, "f(a: str)", "do it", [])
+    b = split_prompt(tpl, "g(b?: int)", "something else entirely", [])
+    assert a.head + a.view + a.tail == tpl.render(build_messages("f(a: str)", "do it", []))
+    assert a.head == b.head and a.head.endswith("Function:") and a.view == " f(a: str)"
+    assert a.tail.startswith("\nRequest: do it")
+    with_history = split_prompt(tpl, "f(a: str)", "do it", [Turn("user", "earlier")])
+    assert with_history.head != a.head and "earlier" in with_history.head
 
 
 def test_tracker_finds_first_value_and_end():
