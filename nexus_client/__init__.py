@@ -9,6 +9,8 @@ from nexus_client.client import (
     NexusClient,
     NexusClientError,
     RouteResult,
+    tls_credentials,
 )
 
-__all__ = ["Candidate", "CompileResult", "GenerateResult", "NexusClient", "NexusClientError", "RouteResult"]
+__all__ = ["Candidate", "CompileResult", "GenerateResult", "NexusClient", "NexusClientError", "RouteResult",
+           "tls_credentials"]

@@ -5,8 +5,10 @@ carrying the status code."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
@@ -73,6 +75,9 @@ class GenerateResult:
     path: str
     path_reason: str
     schema_valid: bool
+    spliced_tokens: int = 0
+    recomputed_tokens: int = 0
+    recompute_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,22 @@ def _turns(history: Sequence[dict]) -> list[common_pb2.Turn]:
     return [common_pb2.Turn(role=str(t.get("role", "")), content=str(t.get("content", ""))) for t in history]
 
 
+def tls_credentials(ca: str | os.PathLike[str] | bytes | None = None, cert: str | os.PathLike[str] | None = None,
+                    key: str | os.PathLike[str] | None = None) -> grpc.ChannelCredentials:
+    """TLS channel credentials from PEM files: ``ca`` to trust (a path or the PEM bytes; None = system roots),
+    ``cert`` + ``key`` for mutual TLS."""
+    def read(p):
+        return None if p is None else (p if isinstance(p, bytes) else Path(p).read_bytes())
+
+    return grpc.ssl_channel_credentials(root_certificates=read(ca), private_key=read(key),
+                                        certificate_chain=read(cert))
+
+
 class NexusClient:
-    """Client of the three services; ``timeout_s`` is the default per-call deadline."""
+    """Client of the three services; ``timeout_s`` is the default per-call deadline.
+
+    ``credentials`` (e.g. ``tls_credentials("ca.pem")``) connects over TLS; ``token`` is sent as
+    ``authorization: Bearer <token>`` on every call (servers with ``auth_token`` set require it)."""
 
     def __init__(self, router: str = "127.0.0.1:50051", engine: str = "127.0.0.1:50053",
                  compiler: str = "127.0.0.1:50052", timeout_s: float = 120.0,
@@ -139,17 +158,24 @@ class NexusClient:
 
     # -- engine -------------------------------------------------------------------------------
     def generate_stream(self, query: str, tool: str, history: Sequence[dict] = (), max_tokens: int | None = None,
-                        timeout_s: float | None = None) -> Iterator[engine_pb2.GenerateResponse]:
-        req = engine_pb2.GenerateRequest(query=query, tool=tool, history=_turns(history), max_tokens=max_tokens)
+                        timeout_s: float | None = None, *, prefill: str = "", fidelity: str = "",
+                        validate: bool | None = None) -> Iterator[engine_pb2.GenerateResponse]:
+        """``prefill``: "" (engine's choice), "splice" (required) or "text"; ``fidelity``: "" / "adaptive" /
+        "exact"; ``validate``: check a splice against a text prefill (None: the engine's sampling rate)."""
+        req = engine_pb2.GenerateRequest(
+            query=query, tool=tool, history=_turns(history), max_tokens=max_tokens, validate=validate,
+            prefill=engine_pb2.PrefillPath.Value(f"PREFILL_PATH_{prefill.upper()}") if prefill else 0,
+            fidelity=engine_pb2.Fidelity.Value(f"FIDELITY_{fidelity.upper()}") if fidelity else 0)
         try:
             yield from self.engine.Generate(req, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as e:
             raise NexusClientError(e.code(), e.details() or "") from e
 
     def generate(self, query: str, tool: str, history: Sequence[dict] = (), max_tokens: int | None = None,
-                 timeout_s: float | None = None) -> GenerateResult:
+                 timeout_s: float | None = None, **options) -> GenerateResult:
+        """``options``: ``prefill``, ``fidelity``, ``validate`` as for ``generate_stream``."""
         final = None
-        for msg in self.generate_stream(query, tool, history, max_tokens, timeout_s):
+        for msg in self.generate_stream(query, tool, history, max_tokens, timeout_s, **options):
             if msg.HasField("result"):
                 final = msg.result
         if final is None:
@@ -162,6 +188,8 @@ class NexusClient:
             final.tool, args, final.arguments_json, final.timings.first_token_ms, final.timings.first_arg_token_ms,
             final.timings.total_ms, final.prompt_tokens, final.completion_tokens,
             engine_pb2.PrefillPath.Name(final.path), final.path_reason, final.schema_valid,
+            final.spliced_tokens, final.recomputed_tokens,
+            final.recompute_fraction if final.HasField("recompute_fraction") else None,
         )
 
     # -- compiler -----------------------------------------------------------------------------

@@ -231,7 +231,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     history = json.loads(args.history) if args.history else []
     with NexusClient(engine=args.engine, **client_security(args)) as client:
-        for msg in client.generate_stream(args.query, args.tool, history=history):
+        for msg in client.generate_stream(args.query, args.tool, history=history, prefill=args.prefill,
+                                          fidelity=args.fidelity, validate=True if args.validate else None):
             if msg.HasField("token"):
                 print(msg.token, end="", flush=True, file=sys.stderr)
             else:
@@ -284,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tool", required=True)
     g.add_argument("--history", help="JSON list of {role, content}")
     g.add_argument("--engine", default="127.0.0.1:50053")
+    g.add_argument("--prefill", choices=("", "splice", "text"), default="",
+                   help="prefill path: engine's choice (default), splice (required) or text")
+    g.add_argument("--fidelity", choices=("", "adaptive", "exact"), default="",
+                   help="exact: re-decode the whole block off its anchor (R = 100 %%)")
+    g.add_argument("--validate", action="store_true", help="check a splice against a text prefill (sidecar)")
     add_client_security_args(g)
     g.set_defaults(fn=cmd_generate)
 

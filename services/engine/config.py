@@ -35,6 +35,7 @@ class EngineConfig:
     copy_start_bias: float = 2.0
     copy_continue_bias: float = 5.0
     copy_close_bias: float = 3.0
+    copy_salient_bias: float = 2.0
     # Decoded KV blocks kept in memory (LRU).
     block_cache: int = 64
     default_max_tokens: int = 256

@@ -5,7 +5,7 @@ timeline'). Values the user stated must be copied character for character, so wh
 string *value* we add a bias to the tokens that continue a span of the request:
 
 * at the start of a value: tokens that begin a word of the request (small bias: the model may still map
-  "Tokyo" to "Asia/Tokyo");
+  "Tokyo" to "Asia/Tokyo"), more for salient spans (quoted text, paths, URLs, identifiers, numbers);
 * inside a value whose text so far occurs in the request: tokens that continue one of those occurrences
   (larger bias), and the closing quote where the occurrence ends at a quote mark or the end of the request.
 
@@ -17,6 +17,18 @@ from __future__ import annotations
 import numpy as np
 
 _QUOTES = "'\"`“”‘’"
+
+
+def _salient(source: str, p: int) -> bool:
+    """Spans that are almost always values when a request contains them: quoted text, and tokens that look
+    like identifiers (paths, URLs, owner/repo, key:name, dotted names, numbers)."""
+    if p > 0 and source[p - 1] in _QUOTES:
+        return True
+    end = p
+    while end < len(source) and not source[end].isspace():
+        end += 1
+    word = source[p:end].rstrip(".,;:!?)")
+    return any(c in word for c in "/:._-@#=") or any(c.isdigit() for c in word)
 
 
 class JsonValueScanner:
@@ -67,8 +79,9 @@ class CopyBias:
     """Logits processor (see module doc). ``begin(source)`` per request, ``feed(text)`` per sampled piece."""
 
     def __init__(self, pieces: list[str], *, start_bias: float = 2.0, continue_bias: float = 5.0,
-                 close_bias: float = 3.0, max_piece_chars: int = 24):
+                 close_bias: float = 3.0, salient_bias: float = 2.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
+        self.salient_bias = salient_bias
         self.by_text: dict[str, list[int]] = {}
         close = []
         for i, p in enumerate(pieces):
@@ -83,6 +96,7 @@ class CopyBias:
         self.max_len = min(max_piece_chars, max((len(t) for t in self.by_text), default=1))
         self.source = ""
         self.start_ids = np.zeros(0, dtype=np.int64)
+        self.salient_ids = np.zeros(0, dtype=np.int64)
         self.scanner = JsonValueScanner()
 
     def _prefix_ids(self, rest: str, out: set[int]) -> None:
@@ -95,10 +109,14 @@ class CopyBias:
         self.source = source
         self.scanner = JsonValueScanner()
         starts: set[int] = set()
+        salient: set[int] = set()
         for p, ch in enumerate(source):
             if not ch.isspace() and (p == 0 or not source[p - 1].isalnum()) and ch not in _QUOTES:
                 self._prefix_ids(source[p:], starts)
+                if _salient(source, p):
+                    self._prefix_ids(source[p:], salient)
         self.start_ids = np.fromiter(sorted(starts), dtype=np.int64, count=len(starts))
+        self.salient_ids = np.fromiter(sorted(salient), dtype=np.int64, count=len(salient))
 
     def feed(self, text: str) -> None:
         self.scanner.feed(text)
@@ -110,8 +128,8 @@ class CopyBias:
         out = np.array(logits, copy=True)
         n = out.shape[0]
         if not partial:
-            ids = self.start_ids[self.start_ids < n]
-            out[ids] += self.start_bias
+            out[self.start_ids[self.start_ids < n]] += self.start_bias
+            out[self.salient_ids[self.salient_ids < n]] += self.salient_bias
             return out
         cont: set[int] = set()
         closes = False
@@ -120,7 +138,8 @@ class CopyBias:
             end = p + len(partial)
             rest = self.source[end:]
             self._prefix_ids(rest, cont)
-            if not rest or rest[0] in _QUOTES:
+            # the span ends where the request ends, at a quote mark, or at sentence punctuation
+            if not rest or rest[0] in _QUOTES or (rest[0] in ".,;:!?)" and (len(rest) == 1 or rest[1].isspace())):
                 closes = True
             p = self.source.find(partial, p + 1)
         if cont:

@@ -241,7 +241,8 @@ class Engine:
             return None
         if getattr(self, "_copy_bias", None) is None:
             self._copy_bias = CopyBias(self._pieces(), start_bias=c.copy_start_bias,
-                                       continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias)
+                                       continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias,
+                                       salient_bias=c.copy_salient_bias)
         return self._copy_bias
 
     def _token_text(self, tok: int) -> str:
@@ -341,6 +342,8 @@ class Engine:
                 rate = self.config.splice_validate_rate
                 validate = rate > 0 and self._turns % max(1, round(1 / rate)) == 0
             self._turns += 1
+            # the sidecar needs a second copy of the prompt's cells in the shared KV cache
+            validate = validate and 2 * len(seg.tokens) + limit <= self.n_ctx
             source = "\n".join([t.content for t in self.window(history)] + [query])
             yield from self._turn(seg, arts, limit, t0, plan, validate=validate and plan.path == PATH_SPLICE,
                                   source=source)

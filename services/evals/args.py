@@ -112,6 +112,7 @@ class Row:
     prefix_cached: Result | None
     routed_result: Result
     prefix_cached_prompt_tokens: int = 0
+    engine: Result | None = None  # the production turn: warm prelude + spliced KV block (path A)
 
 
 def tune_split(lines: Sequence[QueryLine]) -> tuple[list[QueryLine], list[QueryLine]]:
@@ -169,6 +170,17 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
     route_fn = (router_factory or default_router)(store)
 
     ir_tokens = [len(engine.llm.tokenize(signature(t).encode(), add_bos=False)) for t in registry.tools]
+    # the production arm needs the sampled tools' KV blocks, as the compiler would have made them
+    from services.compiler.kvblock import BlockCompiler
+
+    blocks = BlockCompiler(model_path, n_threads=cfg.n_threads)
+    for name in sorted({ln.tool for ln in lines}):
+        tool = by_name[name]
+        if not store.exists(blocks.key(tool)):
+            data, meta = blocks.compile(signature(tool))
+            store.put(blocks.key(tool), data, meta)
+    blocks.close()
+    engine.warmup()
     rows: list[Row] = []
     # group by server so the prefix-cached arm's head (the server's schemas) stays warm across its queries
     lines.sort(key=lambda ln: (ln.server, ln.id))
@@ -181,10 +193,14 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         # full-schema arm differs only in showing the whole JSON schema where the hybrid shows the IR
         msgs = build_messages(arts.signature, ln.query, window)
         msgs_full = build_messages(schema_view(arts.tool), ln.query, window)
-        # interleave the two re-prefill arms, alternating which goes first
-        order = ("hybrid", "full") if len(rows) % 2 == 0 else ("full", "hybrid")
+        # interleave the re-prefill arms and the production turn, rotating which goes first
+        arms = ("hybrid", "full", "engine")
+        k = len(rows) % len(arms)
         got: dict[str, Result] = {}
-        for arm in order:
+        for arm in arms[k:] + arms[:k]:
+            if arm == "engine":
+                got[arm] = next(e for e in engine.generate(ln.query, ln.tool, hist) if isinstance(e, Result))
+                continue
             toks = engine.tokenize_messages(msgs if arm == "hybrid" else msgs_full)
             got[arm] = run_generation(engine, toks, arts, reuse_prefix=False, source=source)
         # prefix-cached arm: the server's schemas at the head, the tool named in the user turn
@@ -208,7 +224,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
             routed_res = run_generation(engine, engine.tokenize_messages(r_msgs), r_arts, reuse_prefix=False,
                                         source=source)
         rows.append(Row(ln.id, ln.tool, routed, is_correct(routed, ln.tool), ln.args, got["hybrid"], got["full"],
-                        warm_res, routed_res, len(warm_toks)))
+                        warm_res, routed_res, len(warm_toks), got["engine"]))
     report = summarize(rows, ir_tokens, registry, engine)
     report["protocol"] = {"queries": str(queries), "tools": str(tools), "limit": limit, "seed": seed,
                           "split": split, "max_tokens": cfg.default_max_tokens, "prefix_cached_arm_run_only_for_heads_up_to_tokens": warm_max_tokens,
@@ -250,6 +266,9 @@ def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -
     route_ok = sum(r.route_ok for r in rows)
     fa_h = [r.hybrid.first_arg_token_ms for r in rows]
     fa_f = [r.full_schema.first_arg_token_ms for r in rows]
+    eng = [r.engine for r in rows if r.engine is not None]
+    fa_e = [g.first_arg_token_ms for g in eng]
+    eng_hits = [arg_hits(r.engine.arguments_json, r.gold_args) for r in rows if r.engine is not None]
     seen_servers: set[str] = set()
     fa_w, warm_tokens = [], []
     for r in rows:
@@ -291,6 +310,14 @@ def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -
         "first_arg_ms_full_schema_ci95": bootstrap_median_ci(fa_f),
         "first_arg_speedup": median(fa_f) / median(fa_h),
         "first_arg_speedup_ci95": bootstrap_ratio_ci(fa_f, fa_h),
+        "first_arg_ms_engine": median(fa_e) if fa_e else None,
+        "first_arg_ms_engine_ci95": bootstrap_median_ci(fa_e) if fa_e else None,
+        "first_arg_speedup_engine": median(fa_f) / median(fa_e) if fa_e else None,
+        "first_arg_speedup_engine_ci95": bootstrap_ratio_ci(fa_f, fa_e) if fa_e else None,
+        "engine_paths": {p: sum(1 for g in eng if g.path == p) for p in sorted({g.path for g in eng})},
+        "engine_arg_accuracy_routed": (sum(h for h, _ in eng_hits) / sum(t for _, t in eng_hits)
+                                       if eng_hits and sum(t for _, t in eng_hits) else None),
+        "engine_schema_valid_rate": sum(g.schema_valid for g in eng) / len(eng) if eng else None,
         "prompt_tokens_hybrid_median": median(tok_h),
         "prompt_tokens_full_schema_median": median(tok_f),
         "main_context_token_saving": sum(saving) / len(saving),
@@ -318,7 +345,8 @@ def plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    arms = [("hybrid (IR)", "first_arg_ms_hybrid"), ("full schema", "first_arg_ms_full_schema"),
+    arms = [("hybrid (IR)", "first_arg_ms_hybrid"), ("engine (splice)", "first_arg_ms_engine"),
+            ("full schema", "first_arg_ms_full_schema"),
             ("prefix cached", "first_arg_ms_prefix_cached")]
     vals = [report.get(k) or 0 for _, k in arms]
     errs = []
@@ -326,13 +354,13 @@ def plot(report: dict[str, Any], path: str) -> None:
         ci = report.get(k + "_ci95") or (v, v)
         errs.append([max(0, v - ci[0]), max(0, ci[1] - v)])
     b0 = axes[0].bar([a for a, _ in arms], vals, yerr=list(zip(*errs, strict=True)),
-                     color=["#2a9d8f", "#e76f51", "#8d99ae"], capsize=4)
+                     color=["#2a9d8f", "#264653", "#e76f51", "#8d99ae"], capsize=4)
     axes[0].bar_label(b0, labels=[f"{v:.0f}" if v else "not run" for v in vals], padding=2)
     axes[0].set_ylabel("first argument token, ms (median, 95% CI)")
     axes[0].set_title(f"speedup {report['first_arg_speedup']:.2f}x vs full schema")
-    toks = [report["prompt_tokens_hybrid_median"], report["prompt_tokens_full_schema_median"],
-            report.get("prompt_tokens_prefix_cached_median") or 0]
-    b1 = axes[1].bar([a for a, _ in arms], toks, color=["#2a9d8f", "#e76f51", "#8d99ae"])
+    toks = [report["prompt_tokens_hybrid_median"], report["prompt_tokens_hybrid_median"],
+            report["prompt_tokens_full_schema_median"], report.get("prompt_tokens_prefix_cached_median") or 0]
+    b1 = axes[1].bar([a for a, _ in arms], toks, color=["#2a9d8f", "#264653", "#e76f51", "#8d99ae"])
     axes[1].bar_label(b1, labels=[f"{v:.0f}" for v in toks], padding=2)
     axes[1].set_xlabel(f"all {max(int(k) for k in report['prefix_cached_context_by_registry_size'])} schemas at the "
                        f"head: {report['prefix_cached_context_by_registry_size'][str(max(int(k) for k in report['prefix_cached_context_by_registry_size']))]['head_tokens']} tokens; "

@@ -140,9 +140,13 @@ def summarize(records: list[dict[str, Any]], n_tools: int) -> dict[str, Any]:
 def base_slb_summary(embedder, router, lines: Sequence[QueryLine], regs: dict[str, list[list[str]]]) -> dict[str, Any]:
     """Untrained baseline: base all-MiniLM-L6-v2 query embedding, cosine over the same text keys (INT8)."""
     from services.router.router import routing_text
+    from services.router.slb import SemanticIndex
 
     names = router.index.names()
     pos = {n: i for i, n in enumerate(names)}
+    # the text keys alone (the router's index may also hold alternate keys)
+    plain = SemanticIndex(router.index.dim)
+    plain.replace_all({n: router.index.vector(n) for n in names})
     qv = embedder.embed([routing_text(ln.query, list(ln.history)) for ln in lines])
     out = {}
     for size, per_line in regs.items():
@@ -150,7 +154,7 @@ def base_slb_summary(embedder, router, lines: Sequence[QueryLine], regs: dict[st
         for i, ln in enumerate(lines):
             mask = np.zeros(len(names), bool)
             mask[[pos[n] for n in per_line[i]]] = True
-            top = [n for n, _ in router.index.search(qv[i], 3, allowed=mask)]
+            top = [n for n, _ in plain.search(qv[i], 3, allowed=mask)]
             ok1 += is_correct(top[0], ln.tool)
             ok3 += any(is_correct(n, ln.tool) for n in top)
         out[size] = {"n": len(lines), "slb_top1": ok1 / len(lines), "ci95": list(wilson(ok1, len(lines))),
@@ -340,7 +344,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                   "val_escalation_rate": meta["val_escalation_rate"],
                                   "train_seconds": meta["train_seconds"],
                                   "query_encoder_best_epoch": meta["query_encoder"]["best_epoch"],
-                                  "cross_encoder_best_epoch": meta["cross_encoder"]["best_epoch"]})
+                                  "cross_encoder_best_epoch": meta["cross_encoder"]["best_epoch"],
+                                  "slb": {k: v for k, v in (meta.get("slb") or {}).items() if k != "by_setting"}})
         base = base_slb_summary(embedder, router, lines, regs)
         report_sizes = {s: summarize(sorted(records[s], key=lambda r: r["i"]), _size_n(s, registry))
                         for s in size_list}

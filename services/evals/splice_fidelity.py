@@ -315,30 +315,56 @@ def run_ttft(args) -> dict[str, Any]:
         for n_past in n_pasts:
             for K in Ks:
                 r_pct = recompute_fraction(n_past, K=K)
-                pre_ms, spl_ms = [], []
+                # the engine's policy: at R = 100 % a splice + full repair only adds work, so path A
+                # prefills the text instead; the "forced" arm still splices, to show what that would cost
+                policy = "text" if r_pct >= 100.0 else "splice"
+                arms = ("prefill", "splice") + (("forced",) if policy == "text" else ())
+                times: dict[str, list[float]] = {a: [] for a in arms}
                 for rep in range(reps):
-                    order = ("prefill", "splice") if rep % 2 == 0 else ("splice", "prefill")
+                    order = arms if rep % 2 == 0 else arms[::-1]
                     for arm in order:
                         _start_live(sc, n_past)
                         t = time.perf_counter()
-                        if arm == "prefill":
+                        if arm == "prefill" or (arm == "splice" and policy == "text"):
                             sc.decode(case.schema + case.query, n_past, LIVE)
                         else:
                             sc.splice(block, n_past, r_pct, schema_tokens=case.schema)
                             sc.decode(case.query, n_past + S, LIVE)
                         sc.logits()
-                        ms = (time.perf_counter() - t) * 1e3
-                        (pre_ms if arm == "prefill" else spl_ms).append(ms)
+                        times[arm].append((time.perf_counter() - t) * 1e3)
                 sc.seq_rm(LIVE)
+                pre_ms, spl_ms = times["prefill"], times["splice"]
                 mp, ms_ = median(pre_ms), median(spl_ms)
-                cells.append({"n_past": n_past, "K": K, "recompute_pct": r_pct, "prefill_ms": mp,
-                              "splice_ms": ms_, "ratio": mp / ms_ if ms_ else float("nan"),
-                              "ci95": list(bootstrap_ratio_ci(pre_ms, spl_ms)),
-                              "prefill_ms_ci95": list(bootstrap_median_ci(pre_ms)),
-                              "splice_ms_ci95": list(bootstrap_median_ci(spl_ms)),
-                              "prefill_raw": pre_ms, "splice_raw": spl_ms})
-                print(f"n_past={n_past} K={K} R={r_pct:.1f}% prefill {mp:.1f} ms splice {ms_:.1f} ms "
+                cell = {"n_past": n_past, "K": K, "recompute_pct": r_pct, "engine_path": policy,
+                        "prefill_ms": mp, "splice_ms": ms_, "ratio": mp / ms_ if ms_ else float("nan"),
+                        "ci95": list(bootstrap_ratio_ci(pre_ms, spl_ms)),
+                        "prefill_ms_ci95": list(bootstrap_median_ci(pre_ms)),
+                        "splice_ms_ci95": list(bootstrap_median_ci(spl_ms)),
+                        "prefill_raw": pre_ms, "splice_raw": spl_ms}
+                if "forced" in times:
+                    mf = median(times["forced"])
+                    cell.update({"forced_splice_ms": mf, "forced_ratio": mp / mf if mf else float("nan"),
+                                 "forced_ci95": list(bootstrap_ratio_ci(pre_ms, times["forced"]))})
+                cells.append(cell)
+                print(f"n_past={n_past} K={K} R={r_pct:.1f}% [{policy}] prefill {mp:.1f} ms splice {ms_:.1f} ms "
                       f"ratio {mp / ms_:.2f}")
+        # the transplant alone (reanchor + state load + seq_cp, no repair) vs prefilling the same block
+        n0 = n_pasts[0]
+        only_spl, only_pre = [], []
+        for rep in range(max(reps, 5)):
+            for arm in (("prefill", "splice") if rep % 2 == 0 else ("splice", "prefill")):
+                _start_live(sc, n0)
+                t = time.perf_counter()
+                if arm == "prefill":
+                    sc.decode(case.schema, n0, LIVE)
+                else:
+                    sc.splice(block, n0, 0.0)
+                (only_pre if arm == "prefill" else only_spl).append((time.perf_counter() - t) * 1e3)
+        sc.seq_rm(LIVE)
+        transplant = {"n_past": n0, "block_tokens": S, "splice_ms": median(only_spl),
+                      "prefill_ms": median(only_pre), "fraction": median(only_spl) / median(only_pre)}
+        print(f"transplant of {S} tokens: {transplant['splice_ms']:.2f} ms vs prefill {transplant['prefill_ms']:.1f} ms "
+              f"({100 * transplant['fraction']:.2f} %)")
         report = {"quick": bool(args.quick), "model": Path(sc.model_path).name,
                   "schema": f"{case.server}/{case.name}", "schema_tokens": S, "query_tokens": len(case.query),
                   "repeats": reps, "threads": args.threads,
@@ -348,6 +374,10 @@ def run_ttft(args) -> dict[str, Any]:
                               "tokens + decode query; time to first-token logits; arms interleaved "
                               "(alternating order) per repeat; ratio = median(prefill)/median(splice), "
                               "ci95 = paired bootstrap of the ratio of medians",
+                  "engine_policy": "cells with R(n) = 100 % are served by a text prefill (engine_path 'text'): "
+                                    "both arms run the same decode there; forced_* = what a splice + full "
+                                    "repair would cost",
+                  "transplant": transplant,
                   "cells": cells, "seconds": round(time.time() - t0, 1)}
     _write(report, args.out, plot_ttft)
     return report

@@ -8,7 +8,9 @@ A gate model directory (written by ``services.router.training.train_gate``) hold
     cross_encoder/   sentence-transformers CrossEncoder fine-tuned from the all-MiniLM-L6-v2 weights
 
 Decision rule: SLB top-1 wins outright when ``top1 - top2 >= tau``; otherwise the top ``ce_top_k``
-candidates are scored by the cross-encoder and re-ranked by ``slb_score + alpha * ce_logit``.
+candidates are scored by the cross-encoder and re-ranked by ``slb_score + alpha * ce_logit``. The SLB
+score itself may use each tool's alternate key and a lexical addend (``gate.json`` ``slb``: ``alt_keys``,
+``lexical_weight``, chosen on validation by ``training.calibrate_slb``; services/router/keys.py).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class GateInfo:
     ce_top_k: int
     max_turns: int
     meta: dict[str, Any]
+    alt_keys: bool = False
+    lexical_weight: float = 0.0
 
 
 class GateModel:
@@ -71,7 +75,9 @@ class GateModel:
         if doc.get("format") != GATE_FORMAT:
             raise ValueError(f"{root}/gate.json: format {doc.get('format')!r}, expected {GATE_FORMAT!r}")
         self.info = GateInfo(path=str(root), tau=float(doc["tau"]), alpha=float(doc["alpha"]),
-                             ce_top_k=int(doc["ce_top_k"]), max_turns=int(doc.get("max_turns", 4)), meta=doc)
+                             ce_top_k=int(doc["ce_top_k"]), max_turns=int(doc.get("max_turns", 4)), meta=doc,
+                             alt_keys=bool(doc.get("slb", {}).get("alt_keys", False)),
+                             lexical_weight=float(doc.get("slb", {}).get("lexical_weight", 0.0)))
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
         self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",

@@ -20,6 +20,7 @@ from services.compiler.signature import signature
 from services.router.config import RouterConfig
 from services.router.context import routing_text as _routing_text
 from services.router.gate import GateModel, ce_tool_text, fuse, load_gate, set_threads
+from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
 from services.router.slb import SemanticIndex
 
 log = logging.getLogger("nexus.router")
@@ -83,11 +84,13 @@ class Router:
                                    prefer_native=config.native_scan)
         self.view = RegistryView()
         self._ce_texts: dict[str, str] = {}
+        self._lexical: tuple[list[str], LexicalIndex] | None = None
         self._sync_lock = asyncio.Lock()
         if self.gate is not None:
             info = self.gate.info
             log.info("gate model loaded", extra={"path": info.path, "tau": info.tau, "alpha": info.alpha,
-                                                 "ce_top_k": info.ce_top_k})
+                                                 "ce_top_k": info.ce_top_k, "alt_keys": info.alt_keys,
+                                                 "lexical_weight": info.lexical_weight})
             # warm both models so the first request does not pay for lazy initialisation
             self.gate.embed_query("warm up")
             self.gate.ce_scores("warm up", ["warm up"])
@@ -160,6 +163,11 @@ class Router:
                                {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim})
                 vecs[t.name] = v
         # Build the new index and views first, then swap: routing keeps using the old ones meanwhile.
+        if self.gate is not None and self.gate.info.alt_keys:
+            self.index.set_alt_keys(self._alt_keys(tools))
+        if self.gate is not None and self.gate.info.lexical_weight > 0:
+            order = sorted(tools)
+            self._lexical = (order, LexicalIndex.of_tools([tools[n] for n in order]))
         self.index.replace_all({n: vecs[n] for n in sorted(tools)})
         self._ce_texts = {n: ce_tool_text(t) for n, t in tools.items()}
         self.view = RegistryView(
@@ -168,6 +176,30 @@ class Router:
             version=version,
         )
         log.info("registry loaded", extra={"tools": len(tools), "version": version})
+
+    def _alt_keys(self, tools: dict[str, Tool]) -> dict[str, np.ndarray]:
+        """Alternate keys (``keys.alt_tool_text`` embedded with the base embedder), cached in the store."""
+        out: dict[str, np.ndarray] = {}
+        need: list[Tool] = []
+        for name, tool in tools.items():
+            key = self._alt_key_name(tool)
+            try:
+                out[name] = decode_embedding(self.store.get(key), self.embedder.dim)
+            except (ArtifactNotFound, DataCorruption, ValueError):
+                need.append(tool)
+        if need:
+            mat = self.embedder.embed([alt_tool_text(t) for t in need])
+            for t, v in zip(need, mat, strict=True):
+                self.store.put(self._alt_key_name(t), encode_embedding(v),
+                               {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim,
+                                "text": ALT_KEY_VERSION})
+                out[t.name] = v
+        return out
+
+    def _alt_key_name(self, tool: Tool) -> str:
+        from services.common.store import artifact_key
+
+        return artifact_key("embalt", self.embedder.fingerprint, tool.schema_hash)
 
     async def sync(self, force: bool = False) -> bool:
         """Reload from the store when its registry version moved (another replica changed it)."""
@@ -233,6 +265,15 @@ class Router:
         """The query vector: the gate's fine-tuned query encoder, or the base embedder without a gate."""
         return self.gate.embed_query(text) if self.gate is not None else self.embedder.embed_one(text)
 
+    def _lexical_bonus(self, text: str) -> np.ndarray | None:
+        """The weighted lexical score of every indexed tool (index order), or None when not in use."""
+        lexical = self._lexical
+        if self.gate is None or self.gate.info.lexical_weight <= 0 or lexical is None:
+            return None
+        if lexical[0] != self.index.names():  # registry swapped meanwhile: the next request gets it
+            return None
+        return np.float32(self.gate.info.lexical_weight) * lexical[1].scores(query_part(text))
+
     def decide(self, text: str, k: int, *, allowed: np.ndarray | None = None, t0: float | None = None,
                version: int | None = None) -> RouteDecision:
         """SLB scan -> margin gate -> (cross-encoder) for an already-built routing text. ``allowed``
@@ -241,7 +282,7 @@ class Router:
         gate = self.gate
         n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0)
         qvec = self.embed_request(text)
-        slb = self.index.search(qvec, n_slb, allowed=allowed)
+        slb = self.index.search(qvec, n_slb, allowed=allowed, bonus=self._lexical_bonus(text))
         if not slb:
             raise EmptyRegistry("no tools are registered; call RegisterTools first")
         margin = slb[0][1] - slb[1][1] if len(slb) > 1 else float("inf")

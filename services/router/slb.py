@@ -7,7 +7,9 @@ have *exemplar keys*: embeddings of queries known to route to it. A tool's score
     text_sim + exemplar_weight * (best exemplar sim, or text_sim when the tool has no exemplar)
 
 so with ``exemplar_weight == 0`` (the default: exemplars measured worse on held-out queries) it is plain
-cosine similarity, and tools without exemplars are never penalised against tools with them.
+cosine similarity, and tools without exemplars are never penalised against tools with them. A tool may
+have an *alternate key* (``set_alt_keys``: another text of the tool, services/router/keys.py); then its
+``text_sim`` is the max over its two keys. ``search`` may add a per-tool ``bonus`` (the lexical score).
 
 Keys are quantized symmetric per vector to INT8 (``q = clip(rint(x * 127 / max|x|), -127, 127)``, scale
 ``max|x| / 127``); the query is quantized the same way and a row's score is
@@ -109,7 +111,7 @@ class _Snapshot:
     """An immutable built index: swapped in whole so readers never see a half-built one."""
 
     def __init__(self, dim: int, names: list[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray],
-                 exemplar_weight: float, prefer_native: bool):
+                 exemplar_weight: float, prefer_native: bool, alt: Mapping[str, np.ndarray] | None = None):
         self.names = names
         self.pos = {n: i for i, n in enumerate(names)}
         self.text = np.ascontiguousarray(text, np.float32).reshape(len(names), dim)
@@ -133,11 +135,19 @@ class _Snapshot:
             g = np.asarray(groups, np.int64)
             self.ex_tools = np.unique(g)
             self.ex_starts = np.searchsorted(g, self.ex_tools)
+        # alternate keys: n rows after the exemplars, a tool without one repeats its text key
+        self.has_alt = bool(alt) and bool(names)
+        if self.has_alt:
+            assert alt is not None
+            self.backend.add(np.vstack([np.asarray(alt[n], np.float32).reshape(1, dim) if n in alt
+                                        else self.text[i : i + 1] for i, n in enumerate(names)]))
 
     def tool_scores(self, query: np.ndarray) -> np.ndarray:
         s = self.backend.scores(query)
         n = len(self.names)
         text = s[:n]
+        if self.has_alt:
+            text = np.maximum(text, s[n + self.n_exemplars : 2 * n + self.n_exemplars])
         if self.n_exemplars == 0:
             return text
         best = text.copy()
@@ -154,6 +164,7 @@ class SemanticIndex:
         self.exemplar_weight = float(exemplar_weight)
         self.prefer_native = prefer_native
         self._exemplars: dict[str, np.ndarray] = {}
+        self._alt: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
         self._snap = _Snapshot(dim, [], np.zeros((0, dim), np.float32), {}, 0.0, prefer_native)
 
@@ -181,7 +192,18 @@ class SemanticIndex:
             self._exemplars = {k: np.asarray(v, np.float32).reshape(-1, self.dim) for k, v in exemplars.items()}
             snap = self._snap
             self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
-                                   self.prefer_native)
+                                   self.prefer_native, self._alt)
+
+    def set_alt_keys(self, alt: Mapping[str, np.ndarray]) -> None:
+        """Alternate keys per tool name (a tool then scores the max of its two keys); ``{}`` turns them off."""
+        for n, v in alt.items():
+            if np.asarray(v).size != self.dim:
+                raise ValueError(f"alternate key of {n!r} has {np.asarray(v).size} values, expected {self.dim}")
+        with self._lock:
+            self._alt = {k: np.asarray(v, np.float32).reshape(self.dim) for k, v in alt.items()}
+            snap = self._snap
+            self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
+                                   self.prefer_native, self._alt)
 
     def replace_all(self, items: Mapping[str, np.ndarray]) -> None:
         """Rebuild from ``{name: text key}`` (the registry's order is kept)."""
@@ -192,7 +214,8 @@ class SemanticIndex:
         text = (np.vstack([np.asarray(items[n], np.float32).reshape(1, self.dim) for n in names])
                 if names else np.zeros((0, self.dim), np.float32))
         with self._lock:
-            self._snap = _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native)
+            self._snap = _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native,
+                                   self._alt)
 
     def upsert(self, items: Mapping[str, np.ndarray]) -> None:
         with self._lock:
@@ -215,12 +238,16 @@ class SemanticIndex:
             return [], np.zeros(0, np.float32)
         return snap.names, snap.tool_scores(np.asarray(query, np.float32).reshape(self.dim))
 
-    def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> list[tuple[str, float]]:
+    def search(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None,
+               bonus: np.ndarray | None = None) -> list[tuple[str, float]]:
         """Top-``k`` tools, best first (ties: registry order). ``allowed``: optional boolean mask over the
-        index order restricting the candidates (used by the evaluation's per-query registries)."""
+        index order restricting the candidates (used by the evaluation's per-query registries); ``bonus``:
+        optional per-tool addend in index order (the weighted lexical score)."""
         names, s = self.scores(query)
         if not names or k <= 0:
             return []
+        if bonus is not None and len(bonus) == len(s):  # (a registry swap in between: skip the addend)
+            s = s + np.asarray(bonus, np.float32)
         if allowed is not None:
             s = np.where(allowed, s, -np.inf)
             k = min(k, int(np.count_nonzero(allowed)))

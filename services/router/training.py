@@ -39,11 +39,16 @@ from services.common.models import default_embedder_path, dir_fingerprint
 from services.common.tools import Tool
 from services.router.context import routing_text
 from services.router.gate import GATE_FORMAT, ce_tool_text, fuse, set_threads
+from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
 from services.router.slb import SemanticIndex
 
 log = logging.getLogger("nexus.router.training")
 
 TRAINING_VERSION = "gate-train-v1"
+# Calibration of the SLB scoring (alternate keys, lexical weight) and of tau / alpha under it, on the
+# validation split of a trained model: cheap (no training), so a cached model is calibrated in place.
+SLB_CALIBRATION_VERSION = "slb-cal-v1"
+LEXICAL_GRID: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 
 
 @dataclass(frozen=True)
@@ -315,6 +320,105 @@ def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[
     return ce, {"history": history, "best_epoch": best[1], **best[2]}
 
 
+def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams,
+                  keys: np.ndarray | None = None) -> dict[str, Any]:
+    """Choose the SLB scoring on the validation split: the description key alone or the max with the
+    alternate key (``keys.alt_tool_text``), plus ``w`` times the lexical score, ``w`` in ``LEXICAL_GRID``
+    (best val top-1 over the whole registry; ties keep the simpler setting). Then tau (margin percentile)
+    and the cross-encoder weight alpha are re-chosen under that scoring, as ``train_gate`` does."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    names = [t.name for t in tools]
+    by_name = {t.name: t for t in tools}
+    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    if keys is None:
+        keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
+    alt = _encode_eval(base, [alt_tool_text(by_name[n]) for n in names])
+    del base
+    plain, multi = SemanticIndex(keys.shape[1]), SemanticIndex(keys.shape[1])
+    plain.replace_all({n: keys[i] for i, n in enumerate(names)})
+    multi.set_alt_keys({n: alt[i] for i, n in enumerate(names)})
+    multi.replace_all({n: keys[i] for i, n in enumerate(names)})
+    lexical = LexicalIndex.of_tools([by_name[n] for n in names])
+    if not val:
+        return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": False,
+                "lexical_weight": 0.0, "n_val": 0}
+    qv = _encode_eval(qenc, [e.text for e in val])
+    lex = [lexical.scores(query_part(e.text)) for e in val]
+    by_setting: dict[str, float] = {}
+    best: tuple[float, bool, float] | None = None
+    for use_alt in (False, True):
+        index = multi if use_alt else plain
+        for w in LEXICAL_GRID:
+            acc = float(np.mean([index.search(q, 1, bonus=w * lx)[0][0] in e.positives
+                                 for q, lx, e in zip(qv, lex, val, strict=True)]))
+            by_setting[f"{'max2' if use_alt else 'desc'}+{w}"] = acc
+            if best is None or acc > best[0]:
+                best = (acc, use_alt, w)
+    assert best is not None
+    _, use_alt, w = best
+    index = multi if use_alt else plain
+    cands = [index.search(q, max(hp.ce_top_k, 2), bonus=w * lx) for q, lx in zip(qv, lex, strict=True)]
+    margins = np.array([c[0][1] - c[1][1] for c in cands if len(c) > 1], np.float32)
+    tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
+    ce_texts = {n: ce_tool_text(by_name[n]) for n in names}
+    with torch.inference_mode():
+        logits = [ce.predict([(e.text, ce_texts[n]) for n, _ in c[: hp.ce_top_k]], show_progress_bar=False,
+                             activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+                  for e, c in zip(val, cands, strict=True)]
+    by_alpha = {}
+    for a in hp.alpha_grid:
+        ok = 0
+        for e, c, lg in zip(val, cands, logits, strict=True):
+            top = c[: hp.ce_top_k]
+            ok += top[int(np.argmax(fuse(np.array([s for _, s in top]), lg, a)))][0] in e.positives
+        by_alpha[str(a)] = ok / len(val)
+    alpha = max(hp.alpha_grid, key=lambda a: (by_alpha[str(a)], -a))
+    gated_ok = escalated = 0
+    for e, c, lg in zip(val, cands, logits, strict=True):
+        pick = c[0][0]
+        if len(c) > 1 and c[0][1] - c[1][1] < tau and alpha > 0:
+            escalated += 1
+            top = c[: hp.ce_top_k]
+            pick = top[int(np.argmax(fuse(np.array([s for _, s in top]), lg, alpha)))][0]
+        gated_ok += pick in e.positives
+    return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": bool(use_alt),
+            "lexical_weight": float(w), "n_val": len(val), "val_slb_top1": best[0], "by_setting": by_setting,
+            "tau": tau, "alpha": float(alpha), "by_alpha": by_alpha, "val_gated_accuracy": gated_ok / len(val),
+            "val_escalation_rate": escalated / len(val)}
+
+
+def _apply_calibration(doc: dict[str, Any], cal: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with the calibrated tau / alpha in force (the uncalibrated ones kept under ``slb.before``)."""
+    doc = dict(doc)
+    before = doc.get("slb", {}).get("before") or {k: doc[k] for k in ("tau", "alpha", "val_gated_accuracy",
+                                                                     "val_escalation_rate")}
+    doc["slb"] = {**cal, "before": before}
+    if cal.get("n_val"):
+        doc.update(tau=cal["tau"], alpha=cal["alpha"], val_gated_accuracy=cal["val_gated_accuracy"],
+                   val_escalation_rate=cal["val_escalation_rate"])
+    return doc
+
+
+def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Example], tools: Sequence[Tool],
+                        hp: GateHyperParams) -> dict[str, Any]:
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    val_ids = set(doc.get("val_ids") or [])
+    val = [e for e in examples if e.id in val_ids]
+    qenc = SentenceTransformer(str(out / "query_encoder"), device="cpu")
+    ce = CrossEncoder(str(out / "cross_encoder"), device="cpu", max_length=hp.ce_max_len)
+    _seed_all(hp.seed)
+    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp))
+    tmp = out / ".gate.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    os.replace(tmp, out / "gate.json")
+    log.info("gate model %s calibrated: alt keys %s, lexical weight %s, tau %.4f, alpha %s", out,
+             doc["slb"]["alt_keys"], doc["slb"]["lexical_weight"], doc["tau"], doc["alpha"])
+    return doc
+
+
 def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp: GateHyperParams = GateHyperParams(),
                equivalents: Callable[[str], frozenset[str]] | None = None, progress: bool = True,
                force: bool = False) -> dict[str, Any]:
@@ -342,6 +446,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         doc = json.loads(existing.read_text())
         if doc.get("data_hash") == digest and (out / "query_encoder").is_dir() and (out / "cross_encoder").is_dir():
             log.info("gate model %s is up to date (hash %s); skipping training", out, digest[:12])
+            if doc.get("slb", {}).get("version") != SLB_CALIBRATION_VERSION:
+                doc = _calibrate_existing(out, doc, examples, tools, hp)
             return doc
     t0 = time.time()
     fit, val = split_examples(examples, hp.val_fraction, hp.seed)
@@ -403,6 +509,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         "val_escalation_rate": escalated / len(val) if val else None,
         "train_seconds": round(time.time() - t0, 1),
     }
+    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, keys))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

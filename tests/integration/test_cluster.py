@@ -48,10 +48,25 @@ def test_generate_streams_tokens_then_valid_arguments(cluster):
     assert all(m.HasField("token") for m in msgs[:-1]) and len(msgs) > 3
     result = msgs[-1].result
     args = json.loads(result.arguments_json)
-    assert result.schema_valid and result.path == engine_pb2.PREFILL_PATH_TEXT
+    # the compiler made the tool's KV block: path A, anchored (no history), nothing re-decoded
+    assert result.schema_valid and result.path == engine_pb2.PREFILL_PATH_SPLICE
+    assert result.spliced_tokens > 0 and result.recomputed_tokens == 0
     assert "".join(m.token for m in msgs[:-1]).strip() == result.arguments_json
     assert {"owner", "repo", "base", "head", "title"} <= set(args)  # the schema's required arguments
     assert result.timings.first_token_ms <= result.timings.first_arg_token_ms <= result.timings.total_ms
+
+
+def test_generate_path_and_fidelity_options_over_grpc(cluster):
+    client = cluster["client"]
+    history = [{"role": "user", "content": "I am in the repository /home/me/repo"}]
+    text = client.generate("show the git status there", "git_status", history, prefill="text")
+    assert text.path == "PREFILL_PATH_TEXT" and text.path_reason == "text prefill requested"
+    adaptive = client.generate("show the git status there", "git_status", history, validate=True)
+    assert adaptive.path == "PREFILL_PATH_SPLICE" and adaptive.recompute_fraction == 5.0
+    assert 1 <= adaptive.recomputed_tokens < adaptive.spliced_tokens
+    exact = client.generate("show the git status there", "git_status", history, prefill="splice", fidelity="exact")
+    assert exact.path == "PREFILL_PATH_SPLICE" and exact.recomputed_tokens == exact.spliced_tokens
+    assert exact.arguments == text.arguments  # R = 100 % reproduces the text prefill
 
 
 def test_compile_and_get_artifact_roundtrip(cluster, small_tools):

@@ -226,3 +226,45 @@ def test_a_tampered_envelope_is_refused_not_decoded(tmp_path):
     path.write_bytes(bytes(blob))
     with pytest.raises(DataCorruption, match="checksum"):
         store.get("grammar-aa-bb")
+
+
+def _wired(module: str) -> bool:
+    import importlib
+    import inspect
+
+    return "ServerSecurity.from_config" in inspect.getsource(importlib.import_module(module))
+
+
+@pytest.mark.skipif(not _wired("services.router.server"), reason="services/router/server.py does not pass "
+                    "security=ServerSecurity.from_config(config) to serve() yet")
+def test_router_requires_the_token_when_configured(rc_cluster):
+    from tests.conftest import start_router
+
+    router = start_router(rc_cluster["store_url"], rc_cluster["compiler"].addr, auth_token=TOKEN)
+    try:
+        with NexusClient(router=router.addr, timeout_s=30) as c, pytest.raises(NexusClientError) as ei:
+            c.route("what time is it in Tokyo?")
+        assert ei.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with NexusClient(router=router.addr, timeout_s=30, token=TOKEN) as c:
+            assert c.route("what time is it in Tokyo?").tool
+    finally:
+        router.stop()
+
+
+@pytest.mark.skipif(not _wired("services.engine.server"), reason="services/engine/server.py does not pass "
+                    "security=ServerSecurity.from_config(config) to serve() yet")
+def test_engine_serves_tls_and_requires_the_token_when_configured(rc_cluster, certs):
+    from tests.conftest import start_engine
+
+    engine = start_engine(rc_cluster["store_url"], auth_token=TOKEN, tls_cert=str(certs["server"]),
+                          tls_key=str(certs["server_key"]))
+    try:
+        creds = tls_credentials(certs["ca"])
+        with NexusClient(engine=engine.addr, timeout_s=60, credentials=creds) as c, \
+                pytest.raises(NexusClientError) as ei:
+            c.generate("what time is it in Tokyo?", "get_current_time", max_tokens=8)
+        assert ei.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with NexusClient(engine=engine.addr, timeout_s=120, credentials=creds, token=TOKEN) as c:
+            assert c.generate("what time is it in Tokyo?", "get_current_time", max_tokens=32).tool == "get_current_time"
+    finally:
+        engine.stop()

@@ -13,8 +13,9 @@ from services.common.embedder import Embedder
 from services.common.store import LocalStore
 from services.evals.data import equivalents, load_queries, load_registry
 from services.router.config import RouterConfig
+from services.router.keys import LexicalIndex, alt_tool_text, query_part
 from services.router.router import HistoryTurn, Router
-from services.router.training import GateHyperParams, train_gate
+from services.router.training import LEXICAL_GRID, SLB_CALIBRATION_VERSION, GateHyperParams, train_gate
 from tests.conftest import SHARED
 
 SERVERS = {"time", "redis"}
@@ -59,8 +60,32 @@ def test_gate_json_records_calibration_and_never_validates_on_training_lines(tin
     doc = tiny["doc"]
     assert doc["n_fit"] + doc["n_val"] == len(tiny["lines"]) and doc["n_val"] >= 3
     assert set(doc["val_ids"]) <= {ln.id for ln in tiny["lines"]}
-    assert doc["tau"] == pytest.approx(doc["calibration"]["margin_quantiles"]["20"])
+    # the single-key tau; the calibration of the SLB scoring then re-chooses tau and alpha under its scoring
+    assert doc["slb"]["before"]["tau"] == pytest.approx(doc["calibration"]["margin_quantiles"]["20"])
     assert doc["alpha"] in HP.alpha_grid and doc["ce_top_k"] == 3
+
+
+def test_slb_calibration_is_chosen_on_validation_and_in_force(tiny):
+    slb = tiny["doc"]["slb"]
+    assert slb["version"] == SLB_CALIBRATION_VERSION and slb["n_val"] == tiny["doc"]["n_val"]
+    assert slb["lexical_weight"] in LEXICAL_GRID and isinstance(slb["alt_keys"], bool)
+    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID)
+    chosen = f"{'max2' if slb['alt_keys'] else 'desc'}+{slb['lexical_weight']}"
+    assert slb["by_setting"][chosen] == slb["val_slb_top1"] == max(slb["by_setting"].values())
+    assert (tiny["doc"]["tau"], tiny["doc"]["alpha"]) == (slb["tau"], slb["alpha"]) and slb["alpha"] in HP.alpha_grid
+
+
+def test_cached_model_without_calibration_is_calibrated_in_place(tiny):
+    dst = tiny["root"] / "uncalibrated"
+    shutil.copytree(tiny["gate"], dst)
+    doc = json.loads((dst / "gate.json").read_text())
+    before = doc.pop("slb")
+    doc["tau"], doc["alpha"] = before["before"]["tau"], before["before"]["alpha"]
+    (dst / "gate.json").write_text(json.dumps(doc))
+    again = train_gate(tiny["lines"], tiny["tools"], dst, HP, equivalents=equivalents, progress=False)
+    assert again["slb"] == before and again["tau"] == tiny["doc"]["tau"]
+    assert json.loads((dst / "gate.json").read_text())["slb"] == before
+    assert _weights_digest(dst) == _weights_digest(tiny["gate"])  # not retrained
 
 
 def _router(store, embedder, gate_dir):
@@ -70,14 +95,38 @@ def _router(store, embedder, gate_dir):
     return r
 
 
-def _with_tau(tiny, tau, alpha=0.5):
-    dst = tiny["root"] / f"tau{tau}-alpha{alpha}"
+def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0):
+    dst = tiny["root"] / f"tau{tau}-alpha{alpha}-alt{alt_keys}-lex{lexical_weight}"
     if not dst.exists():
         shutil.copytree(tiny["gate"], dst)
         doc = json.loads((dst / "gate.json").read_text())
         doc["tau"], doc["alpha"] = tau, alpha
+        doc["slb"].update(alt_keys=alt_keys, lexical_weight=lexical_weight)
         (dst / "gate.json").write_text(json.dumps(doc))
     return dst
+
+
+def test_router_scores_the_max_of_both_keys_plus_the_lexical_addend(tiny, embedder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    r = _router(store, embedder, _with_tau(tiny, -1e9, alt_keys=True, lexical_weight=0.5))
+    query = "redis set key session:42"
+    d = r.route(query, [HistoryTurn("user", "what time is it in Tokyo")], top_k=len(tiny["tools"]))
+    names = r.index.names()
+    by_name = {t.name: t for t in tiny["tools"]}
+    q = r.gate.embed_query(d_text := f"{query}\n[context] user: what time is it in Tokyo")
+    assert query_part(d_text) == query
+    text = np.array([r.index.vector(n) for n in names]) @ q
+    alt = embedder.embed([alt_tool_text(by_name[n]) for n in names]) @ q
+    lex = LexicalIndex.of_tools([by_name[n] for n in names]).scores(query)  # the query only, not the history
+    want = dict(zip(names, np.maximum(text, alt) + 0.5 * lex, strict=True))
+    assert lex.max() == 1.0 and not np.allclose(alt, text, atol=0.02)
+    for n, s in d.candidates:
+        assert s == pytest.approx(want[n], abs=0.02)
+    # alternate keys are stored once per schema and reused by the next replica
+    assert store.get(r._alt_key_name(tiny["tools"][0]))
+    plain = _router(store, embedder, _with_tau(tiny, -1e9))
+    assert not plain.index._snap.has_alt and plain._lexical_bonus(query) is None
 
 
 def test_router_escalates_below_tau_and_reranks_top_k(tiny, embedder, tmp_path):
