@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 
 from services.common.tools import Tool
+from services.compiler.signature import param_order
 
 log = logging.getLogger("nexus.compiler.grammar")
 
@@ -45,6 +46,9 @@ class CompiledGrammar:
 def _schema_for_grammar(tool: Tool) -> dict:
     schema = dict(tool.input_schema)
     schema.setdefault("type", "object")
+    props = schema.get("properties")
+    if isinstance(props, dict):  # the signature's parameter order (required first, as `required` lists them)
+        schema["properties"] = {k: props[k] for k in param_order(schema)}
     # Drop keywords that only document (they change nothing the grammar can enforce).
     for k in ("$schema", "title", "description", "examples"):
         schema.pop(k, None)

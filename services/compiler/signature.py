@@ -14,7 +14,7 @@ from typing import Any
 
 from services.common.tools import Tool
 
-IR_VERSION = "nexus-ir-v2"
+IR_VERSION = "nexus-ir-v3"
 
 _TYPE_NAMES = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}
 MAX_ENUM = 6
@@ -72,13 +72,21 @@ def short_description(text: str, max_words: int = MAX_DESC_WORDS) -> str:
     return out + ("…" if len(words) > max_words else "")
 
 
+def param_order(schema: dict[str, Any]) -> list[str]:
+    """Required parameters in the order the schema's ``required`` lists them (servers write it in the natural
+    order, owner/repo/title/head/base, while many sort ``properties`` alphabetically), then the optional ones in
+    schema order. The signature and the grammar use the same order, so the model fills them as shown."""
+    props = schema.get("properties", {}) or {}
+    req = [k for k in dict.fromkeys(schema.get("required", []) or []) if k in props]
+    return req + [k for k in props if k not in req]
+
+
 def signature(tool: Tool, with_description: bool = True) -> str:
     """The tool's compact signature text."""
     schema = tool.input_schema
     props = schema.get("properties", {}) or {}
     req = set(schema.get("required", []) or [])
-    # required parameters first, each group in schema order
-    ordered = [k for k in props if k in req] + [k for k in props if k not in req]
+    ordered = param_order(schema)
     params = ", ".join(f"{k}{'' if k in req else '?'}: {type_hint(props[k], schema)}" for k in ordered)
     sig = f"{tool.name}({params})"
     if with_description and tool.description:

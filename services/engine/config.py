@@ -36,6 +36,9 @@ class EngineConfig:
     copy_continue_bias: float = 5.0
     copy_close_bias: float = 3.0
     copy_salient_bias: float = 2.0
+    # Recent prompt heads (prelude + conversation window) kept decoded in their own sequences, found by exact
+    # tokens through the native radix arena (0 disables).
+    warm_heads: int = 4
     # Decoded KV blocks kept in memory (LRU).
     block_cache: int = 64
     default_max_tokens: int = 256

@@ -53,6 +53,7 @@ PREFILL_AUTO, PREFILL_SPLICE, PREFILL_TEXT = "auto", "splice", "text"
 FIDELITY_ADAPTIVE, FIDELITY_EXACT = "adaptive", "exact"
 SIDECAR_SEQ = 2  # splice validation: the same prompt text-prefilled from position 0
 WARM_SEQ = 3  # the prelude, decoded once: copied into the live sequence at the start of every turn
+FIRST_HEAD_SEQ = 4  # then ``warm_heads`` sequences holding recent heads (prelude + conversation window)
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ class Engine:
         self.layout = layout_for(self.llm)
         self.template = self.layout.template
         self.sc = SpliceContext(str(self.model_path), n_ctx=config.n_ctx, n_batch=config.n_batch,
-                                n_threads=config.n_threads, n_seq_max=4, n_gpu_layers=config.n_gpu_layers,
+                                n_threads=config.n_threads, n_seq_max=FIRST_HEAD_SEQ + max(0, config.warm_heads),
+                                n_gpu_layers=config.n_gpu_layers,
                                 fingerprint=bytes.fromhex(self.model_fingerprint)[:16])
         self.n_ctx = self.sc.n_ctx
         self.prelude = self.layout.prelude()
@@ -208,6 +210,12 @@ class Engine:
         self._live: list[int] = []  # the tokens whose K/V the live sequence holds, in order
         self._exact_upto = 0  # the live K/V equal a text prefill of _live[:_exact_upto] (safe to reuse)
         self._turns = 0
+        # L0 radix arena over recent heads (exact tokens -> warm sequence): an agent interleaving several
+        # conversations, or calling several tools in one turn, finds its head still decoded
+        import nexus_native as nn
+
+        self._heads = nn.RadixArena(max_tokens=self.n_ctx) if config.warm_heads > 0 else None
+        self._free_head_seqs = list(range(FIRST_HEAD_SEQ, FIRST_HEAD_SEQ + max(0, config.warm_heads)))
         self.last_prompt_logits: np.ndarray | None = None  # next-token logits after the last prompt (tests)
         self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0,
                       "splice_declined": 0, "validations": 0, "validation_fallbacks": 0}
@@ -412,10 +420,10 @@ class Engine:
             self.sc.seq_rm(LIVE_SEQ, keep, -1)
         else:
             self.sc.seq_rm(LIVE_SEQ)
-            keep = 0
+            keep = self._warm_head(head)
             if not getattr(self, "_warm_ready", False):
                 self.warmup()
-            for unit in (self.prelude, self.const_prefix):
+            for unit in (self.prelude, self.const_prefix) if not keep else ():
                 if head_len >= len(unit) and head[: len(unit)] == unit:
                     keep = len(unit)
                     self.sc.seq_cp(WARM_SEQ, LIVE_SEQ, 0, keep)
@@ -423,6 +431,56 @@ class Engine:
         self._live = head[:keep]
         self._exact_upto = keep
         return keep
+
+    def _warm_head(self, head: list[int]) -> int:
+        """Copy ``head`` from the arena's warm sequences into the (empty) live sequence when it holds exactly
+        that head; returns its length, else 0."""
+        if self._heads is None or not head:
+            return 0
+        slot, n = self._heads.lookup(np.asarray(head, dtype=np.int32), touch=False)
+        if slot < 0 or n != len(head) or len(self._heads.tokens(slot)) != len(head):
+            return 0
+        self._heads.touch(slot)
+        self.sc.seq_cp(self._heads.value(slot), LIVE_SEQ, 0, len(head))
+        self.stats["warm_head_hits"] = self.stats.get("warm_head_hits", 0) + 1
+        return len(head)
+
+    def _remember_head(self, head: list[int]) -> None:
+        """Keep the live sequence's head (an exact text prefill) in a warm sequence, evicting the least
+        recently used one. The prelude alone has its own warm sequence."""
+        if self._heads is None or len(head) <= len(self.prelude):
+            return
+        arr = np.asarray(head, dtype=np.int32)
+        slot, n = self._heads.lookup(arr, touch=False)
+        if slot >= 0 and n == len(head) and len(self._heads.tokens(slot)) == len(head):
+            self._heads.touch(slot)
+            return
+        if not self._free_head_seqs:
+            lru = self._heads.lru_order()[0]
+            seq = self._heads.value(lru)
+            self._heads.remove(lru)
+            self.sc.seq_rm(seq)
+            self._free_head_seqs.append(seq)
+        seq = self._free_head_seqs.pop()
+        self.sc.seq_rm(seq)
+        self.sc.seq_cp(LIVE_SEQ, seq, 0, len(head))
+        self._heads.insert(arr, seq)
+
+    def _make_room(self, need: int) -> None:
+        """Warm heads hold KV cells of the shared cache: drop them (oldest first) until ``need`` cells of
+        the live and sidecar sequences fit next to the prelude and what stays warm."""
+        if self._heads is None:
+            return
+        held = [(s, self.sc.seq_len(s)) for s in range(FIRST_HEAD_SEQ, FIRST_HEAD_SEQ + self.config.warm_heads)]
+        total = len(self.prelude) + sum(n for _, n in held)
+        for slot in list(self._heads.lru_order()):
+            if total + need <= self.n_ctx:
+                break
+            seq = self._heads.value(slot)
+            total -= self.sc.seq_len(seq)
+            self._heads.remove(slot)
+            self.sc.seq_rm(seq)
+            self._free_head_seqs.append(seq)
 
     def _reuse(self, tokens: Sequence[int]) -> int:
         """Keep the longest prefix of the live sequence that equals ``tokens`` and is an exact text prefill;
@@ -438,11 +496,13 @@ class Engine:
         self._exact_upto = min(self._exact_upto, keep)
         return keep
 
-    def _load_prompt(self, seg: PromptSegments, plan: _Plan, reuse_prefix: bool | str) -> tuple[int, int]:
+    def _load_prompt(self, seg: PromptSegments, plan: _Plan, reuse_prefix: bool | str,
+                     limit: int = 0) -> tuple[int, int]:
         """Put the prompt into the live sequence; returns (recomputed, spliced) token counts.
         ``reuse_prefix``: True (whole units, ``_start``), "lcp" (longest common prefix), False (nothing)."""
         tokens = seg.tokens
         head, view = seg.head, seg.view
+        self._make_room(2 * len(tokens) + limit + 64)
         if not reuse_prefix:
             self.forget_live()
         if reuse_prefix == "lcp":
@@ -454,10 +514,14 @@ class Engine:
         if plan.path == PATH_TEXT:
             self.sc.decode(tokens[keep:], keep)
             self._live, self._exact_upto = list(tokens), len(tokens)
+            if reuse_prefix is True:
+                self._remember_head(head)
             return 0, 0
         if keep < len(head):
             self.sc.decode(head[keep:], keep)
         self._live = list(head)
+        if reuse_prefix is True:
+            self._remember_head(head)
         recomputed = self.sc.splice(plan.block, len(head), plan.recompute_pct, schema_tokens=view)
         self.sc.decode(seg.tail, len(head) + len(view))
         self._live = list(tokens)
@@ -486,7 +550,7 @@ class Engine:
         v_kl = v_top1 = None
         try:
             tp = time.perf_counter()
-            recomputed, spliced = self._load_prompt(seg, plan, reuse_prefix)
+            recomputed, spliced = self._load_prompt(seg, plan, reuse_prefix, limit)
             prefill_ms = (time.perf_counter() - tp) * 1e3
             logits = self.last_prompt_logits = self.sc.logits()
             if validate:

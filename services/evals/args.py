@@ -160,7 +160,13 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         tune, heldout = tune_split(lines)
         lines = tune if split == "tune" else heldout
     lines = sample_lines(lines, limit, seed)
-    store = LocalStore(Path(workdir) / "store")
+    # a fresh store per run: artifacts left by an earlier version of the code must not leak into this one
+    import shutil
+    import tempfile
+
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(Path(workdir) / "store", ignore_errors=True)
+    store = LocalStore(tempfile.mkdtemp(prefix="store-", dir=workdir))
     store.registry_put(list(registry.tools))
     cfg = replace(EngineConfig(), model_path=model_path, n_ctx=n_ctx, store_url=str(store.root))
     if max_tokens > 0:  # budget before the closing bias winds the JSON down (engine default: 256)
@@ -236,6 +242,9 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(out_json).write_text(json.dumps(report, indent=2))
     plot(report, str(Path(out_json).with_suffix(".png")))
+    engine.close()
+    warm.close()
+    shutil.rmtree(store.root, ignore_errors=True)
     return report
 
 

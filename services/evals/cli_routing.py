@@ -55,6 +55,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--holdout-server", default="kubernetes", help="server held out for generalization ('' = skip)")
     p.add_argument("--concat-limit", type=int, default=30, help="lines sampled for the concat-all baseline")
     p.add_argument("--no-concat", action="store_true", help="skip the concat-all baseline")
+    p.add_argument("--concat-from", default="", help="reuse the concat-all section of an earlier report JSON "
+                   "(it does not depend on the router; its source is recorded)")
     p.add_argument("--model", default="", help="engine GGUF for concat-all (default SmolLM2-135M)")
     p.add_argument("--models-root", default="var/models", help="cache directory of trained gate models")
     p.add_argument("--exemplar-weight", type=float, default=0.0, help="SLB exemplar-key weight (ablation)")
@@ -68,7 +70,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
         rep = evaluate(args.queries, args.tools, args.sizes, args.out, seed=args.seed, folds=args.folds,
                        holdout_server=args.holdout_server, concat_limit=args.concat_limit,
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
-                       progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model)
+                       progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
+                       concat_from=args.concat_from)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],

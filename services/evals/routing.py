@@ -297,7 +297,7 @@ def plot(report: dict[str, Any], path: str) -> None:
 def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int = 0, folds: int = 3,
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = 0.0, hp=None, progress: bool = True, plot_path: str | None = None,
-             skip_concat: bool = False, model_path: str = "") -> dict[str, Any]:
+             skip_concat: bool = False, model_path: str = "", concat_from: str = "") -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
 
     prepare_training_env()
@@ -365,7 +365,11 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                       for s in size_list},
             }
     concat = None
-    if not skip_concat:
+    if concat_from:  # concat-all reads no router state: an earlier run's section stays valid for the same data
+        concat = json.loads(Path(concat_from).read_text()).get("concat_all")
+        if concat is not None:
+            concat = {**concat, "reused_from": str(concat_from)}
+    elif not skip_concat:
         concat = concat_all(lines, size_list, registry, regs, concat_limit, seed, model_path, progress)
     report = {
         "protocol": {

@@ -90,7 +90,7 @@ def test_prometheus_metrics_count_what_was_served(nexus_up):
     assert 'nexus_rpc_total{code="OK",method="RegisterTools",service="router"}' in router
     engine = scrape("engine")
     assert value(engine, "nexus_ttft_ms_count") >= 1
-    assert value(engine, 'nexus_generate_path_total{path="text"}') >= 1
+    assert value(engine, 'nexus_generate_path_total{path="splice"}') >= 1  # the compiler made the KV blocks
     compiler = scrape("compiler")
     assert value(compiler, 'nexus_compiles_total{cached="false"}') >= 300
 

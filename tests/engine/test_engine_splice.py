@@ -228,3 +228,15 @@ def test_four_threads_over_the_splice_path_are_bit_identical(engine):
         th.join()
     for i in range(4):
         assert got[i] == expected[i:] + expected[:i]
+
+
+def test_warm_heads_bring_back_an_interleaved_conversation_bit_identically(engine):
+    other = [Turn("user", "A different conversation: I am planning a call between Paris and Tokyo.")]
+    first = run(engine, "show the git status there", "git_status", history=HISTORY)
+    first_logits = engine.last_prompt_logits
+    run(engine, "what time is it there", "get_current_time", history=other)  # evicts A from the live sequence
+    hits = engine.stats.get("warm_head_hits", 0)
+    again = run(engine, "show the git status there", "git_status", history=HISTORY)
+    assert engine.stats["warm_head_hits"] == hits + 1  # A's head came back from its warm sequence
+    assert np.array_equal(first_logits, engine.last_prompt_logits)
+    assert again.arguments_json == first.arguments_json
