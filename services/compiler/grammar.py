@@ -44,7 +44,8 @@ class CompiledGrammar:
 
 
 def _schema_for_grammar(tool: Tool) -> dict:
-    schema = dict(tool.input_schema)
+    # canonical key order (as the registry stores tools), so the grammar is a function of the schema hash
+    schema = json.loads(json.dumps(tool.input_schema, sort_keys=True))
     schema.setdefault("type", "object")
     props = schema.get("properties")
     if isinstance(props, dict):  # the signature's parameter order (required first, as `required` lists them)

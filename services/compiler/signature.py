@@ -9,6 +9,7 @@ Optional parameters carry ``?``, enums are inlined
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -74,16 +75,18 @@ def short_description(text: str, max_words: int = MAX_DESC_WORDS) -> str:
 
 def param_order(schema: dict[str, Any]) -> list[str]:
     """Required parameters in the order the schema's ``required`` lists them (servers write it in the natural
-    order, owner/repo/title/head/base, while many sort ``properties`` alphabetically), then the optional ones in
-    schema order. The signature and the grammar use the same order, so the model fills them as shown."""
+    order, owner/repo/title/head/base, while many sort ``properties`` alphabetically), then the optional ones by
+    name. A function of the canonical schema only (the registry stores tools as canonical JSON, which sorts
+    object keys), so the compiler and the engine derive the same text and tokens. The signature and the
+    grammar use the same order, so the model fills parameters as shown."""
     props = schema.get("properties", {}) or {}
     req = [k for k in dict.fromkeys(schema.get("required", []) or []) if k in props]
-    return req + [k for k in props if k not in req]
+    return req + sorted(k for k in props if k not in req)
 
 
 def signature(tool: Tool, with_description: bool = True) -> str:
-    """The tool's compact signature text."""
-    schema = tool.input_schema
+    """The tool's compact signature text (a function of the canonical schema: object keys sorted)."""
+    schema = json.loads(json.dumps(tool.input_schema, sort_keys=True))
     props = schema.get("properties", {}) or {}
     req = set(schema.get("required", []) or [])
     ordered = param_order(schema)

@@ -10,6 +10,10 @@
                                                     ──► best query-encoder epoch (val SLB top-1)
                                                     ──► tau = q-th percentile of val top1-top2 margins
                                                     ──► best CE epoch and alpha (val re-rank accuracy)
+                                                    ──► SLB scoring (calibrate_slb): alternate key on/off and
+                                                        lexical weight (val top-1), then tau and alpha again
+                                                        under that scoring (gate.json "slb"; a cached model
+                                                        without it is calibrated in place, no retraining)
 
 Deterministic for a seed on one machine: seeded shuffles, ``torch.manual_seed``, fixed thread count,
 no dropout randomness across runs (seeded), sorted inputs.

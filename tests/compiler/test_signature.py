@@ -10,7 +10,7 @@ def _tool(props, required=(), desc="Create a new pull request in a GitHub reposi
 def test_required_first_optional_marked_types_short():
     t = _tool({"draft": {"type": "boolean"}, "owner": {"type": "string"}, "count": {"type": "integer"}},
               required=["owner"])
-    assert signature(t, with_description=False) == "create_pull_request(owner: str, draft?: bool, count?: int)"
+    assert signature(t, with_description=False) == "create_pull_request(owner: str, count?: int, draft?: bool)"
 
 
 def test_enums_inline_and_arrays_and_nested_objects():
@@ -45,3 +45,21 @@ def test_every_registry_tool_has_a_signature_naming_all_required_params(all_tool
         assert sig.startswith(t.name + "(")
         for req in t.input_schema.get("required", []) or []:
             assert f"{req}:" in sig, (t.name, req)
+
+
+def test_signature_and_grammar_depend_only_on_the_canonical_schema(all_tools):
+    """The registry stores tools as canonical JSON (object keys sorted): a tool read back from it must give the
+    same signature and grammar as the tool the compiler was handed, or the KV block's tokens would not match."""
+    from services.common.tools import parse_tool
+    from services.compiler.grammar import compile_grammar
+
+    for tool in all_tools:
+        back = parse_tool(tool.to_json())
+        assert signature(back) == signature(tool), tool.name
+        assert compile_grammar(back).text == compile_grammar(tool).text, tool.name
+
+
+def test_required_parameters_follow_the_required_list():
+    t = _tool({"base": {"type": "string"}, "draft": {"type": "boolean"}, "owner": {"type": "string"},
+               "repo": {"type": "string"}, "body": {"type": "string"}}, required=("owner", "repo", "base"))
+    assert signature(t).startswith("create_pull_request(owner: str, repo: str, base: str, body?: str, draft?: bool)")
