@@ -409,11 +409,13 @@ class Engine:
         """Start the live sequence for a prompt whose first ``head_len`` tokens are its head; returns how many
         positions are already in place.
 
-        Reuse is by whole units only, so a turn computes the same K/V whatever ran before it (concurrent
-        requests stay bit-identical): the whole head when the live sequence holds exactly it as a text
-        prefill (a retry, the next call of the same turn), else the prelude or the constant prefix copied from
-        the warm sequence (decoded once, in one batch, like the compiler's blocks), else nothing. Decoding the
-        remainder of a prefix in small pieces would round differently than one batch."""
+        Reuse is by whole units only, so a turn computes its K/V the same way whatever ran before it: the whole
+        head when the live sequence (or a warm head in the radix arena) holds exactly it as a text prefill (a
+        retry, the next call of the same turn, an interleaved conversation), else the prelude or the constant
+        prefix copied from the warm sequence (decoded once, in one batch, like the compiler's blocks), else
+        nothing. Decoding the remainder of a prefix in small pieces would round differently than one batch.
+        (The last bits can still move with the cache's occupancy: llama.cpp's attention spans every occupied
+        cell of the shared cache. Greedy outputs under concurrency are tested to be identical.)"""
         head = list(tokens[:head_len])
         if self._exact_upto >= head_len and self._live[:head_len] == head:
             keep = head_len
@@ -561,7 +563,9 @@ class Engine:
                     self.stats["validation_fallbacks"] += 1
                     self.sc.seq_rm(LIVE_SEQ)
                     self.sc.seq_cp(SIDECAR_SEQ, LIVE_SEQ)
-                    self._exact_upto = len(tokens)
+                    # exact, but decoded in one batch from position 0 rather than as warm units + rest: not
+                    # reused by later turns, whose K/V must not depend on what ran before them
+                    self._exact_upto = 0
                     logits, path = ref, PATH_TEXT
                     reason = f"path B: sidecar validation disagreed with the splice (KL {v_kl:.3g}); text prefill"
                 self.sc.seq_rm(SIDECAR_SEQ)
