@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from services.common.errors import ResourceExhausted
 from services.common.store import ObjectInfo, Store, artifact_key
 from services.common.tools import Tool
 from services.compiler.grammar import compile_grammar
@@ -84,7 +85,12 @@ class Compiler:
         key = self.blocks.key(tool)
         if self.store.exists(key):
             return Artifact(KIND_KV_BLOCK, self.store.get_with_info(key)[1])
-        data, meta = self.blocks.compile(sig)
+        try:
+            data, meta = self.blocks.compile(sig)
+        except ResourceExhausted as e:
+            # a signature no context can hold: the tool still compiles; the engine prefills it (path B)
+            log.warning("no KV block", extra={"tool": tool.name, "reason": str(e)})
+            return None
         return Artifact(KIND_KV_BLOCK, self.store.put(key, data, {"tool": tool.name, "schema_hash": tool.schema_hash,
                                                                  **meta}))
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.errors import ResourceExhausted
 from services.common.store import artifact_key
 from services.common.tools import Tool
 from services.compiler.signature import IR_VERSION
@@ -94,7 +95,8 @@ class BlockCompiler:
     def compile(self, signature: str) -> tuple[bytes, dict[str, Any]]:
         view = self.layout.segments(signature, "", []).view
         if len(self.prelude) + len(view) > self.sc.n_ctx:
-            raise ValueError(f"signature of {len(view)} tokens does not fit the compile context")
+            raise ResourceExhausted(f"signature of {len(view)} tokens does not fit the compile context "
+                                    f"({self.sc.n_ctx} positions)")
         with self._lock:
             block = self.sc.compile_block(self.prelude, view, prelude_seq=PRELUDE_SEQ)
         data = block.to_bytes(STORE_ALIGN_LOG2)
