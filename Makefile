@@ -19,7 +19,7 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config
+.PHONY: help setup deps proto native models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -99,6 +99,31 @@ stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the 
 
 bench: native  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice)
 	$(PY) bench/native_bench.py
+
+# Reliability (issue #8). The sanitizer build is a separate copy of the native module (build/native-asan/pkg),
+# never installed into the venv; `make fuzz` runs it with libasan (and libstdc++, for __cxa_throw) preloaded.
+FUZZ_SECONDS ?= 300
+LOAD_SECONDS ?= 60
+ASAN_DIR     := build/native-asan
+ASAN_FLAGS   := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+native-asan: $(ASAN_DIR)/pkg/nexus_native/.stamp  ## ASan + UBSan build of the native module (for make fuzz)
+$(ASAN_DIR)/pkg/nexus_native/.stamp: $(NATIVE_SRC) $(VENV)/.stamp-deps
+	cmake -S native -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS=$(ASAN_FLAGS)" \
+	  "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=address,undefined" -Dpybind11_DIR=$$($(PY) -m pybind11 --cmakedir) \
+	  -DSKBUILD_PROJECT_NAME=nexus_native -DSKBUILD_PROJECT_VERSION=0.1.0 -DPython_EXECUTABLE=$(CURDIR)/$(PY)
+	cmake --build $(ASAN_DIR) -j $(JOBS)
+	mkdir -p $(ASAN_DIR)/pkg/nexus_native
+	cp native/src/nexus_native/*.py $(ASAN_DIR)/_core*.so $(ASAN_DIR)/pkg/nexus_native/
+	touch $@
+
+fuzz: native-asan  ## fuzz the .atb / state-blob parsers under ASan+UBSan (FUZZ_SECONDS=300) -> reports/fuzz_native.json
+	$(PY) bench/reliability.py fuzz --seconds $(FUZZ_SECONDS)
+
+load: setup  ## bounded load test, Route + Generate on loopback (LOAD_SECONDS=60) -> reports/load.{json,png}
+	$(PY) bench/load.py --seconds $(LOAD_SECONDS)
+
+reliability: setup  ## bad inputs + faults + fuzz + load figures -> reports/reliability.json
+	$(PY) bench/reliability.py run
 
 eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --json reports/routing.json

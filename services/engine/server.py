@@ -6,6 +6,7 @@ import asyncio
 
 from nexus.v1 import engine_pb2_grpc
 from services.common.metrics import Metrics
+from services.common.security import ServerSecurity
 from services.common.server import Registration, serve
 from services.common.store import open_store
 from services.engine.config import EngineConfig
@@ -30,5 +31,5 @@ async def run(config: EngineConfig, *, ready=None, stop_event: asyncio.Event | N
                       "nexus.v1.EngineService")],
         host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
         warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
-        metrics=metrics, metrics_port=config.metrics_port,
+        metrics=metrics, metrics_port=config.metrics_port, security=ServerSecurity.from_config(config),
     )

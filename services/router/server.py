@@ -11,6 +11,7 @@ from services.common.clients import AsyncCompilerClient
 from services.common.embedder import Embedder
 from services.common.errors import NexusError
 from services.common.metrics import Metrics
+from services.common.security import ClientSecurity, ServerSecurity
 from services.common.server import Registration, serve
 from services.common.store import open_store
 from services.router.config import RouterConfig
@@ -24,7 +25,8 @@ async def run(config: RouterConfig, *, ready=None, stop_event: asyncio.Event | N
     store = open_store(config.store_url)
     embedder = await asyncio.to_thread(Embedder, config.embedder_path)
     router = Router(config, store, embedder)
-    compiler = AsyncCompilerClient(config.compiler_addr, timeout_s=config.compile_timeout_s)
+    compiler = AsyncCompilerClient(config.compiler_addr, timeout_s=config.compile_timeout_s,
+                                   security=ClientSecurity.for_compiler(config))
     poller: asyncio.Task | None = None
     metrics = Metrics("router")
 
@@ -56,5 +58,5 @@ async def run(config: RouterConfig, *, ready=None, stop_event: asyncio.Event | N
                       "nexus.v1.RouterService")],
         host=config.host, port=config.port, max_message_bytes=config.max_message_bytes, grace_s=config.grace_s,
         warmup=warmup, on_stop=on_stop, ready=ready, stop_event=stop_event,
-        metrics=metrics, metrics_port=config.metrics_port,
+        metrics=metrics, metrics_port=config.metrics_port, security=ServerSecurity.from_config(config),
     )

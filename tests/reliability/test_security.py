@@ -228,15 +228,6 @@ def test_a_tampered_envelope_is_refused_not_decoded(tmp_path):
         store.get("grammar-aa-bb")
 
 
-def _wired(module: str) -> bool:
-    import importlib
-    import inspect
-
-    return "ServerSecurity.from_config" in inspect.getsource(importlib.import_module(module))
-
-
-@pytest.mark.skipif(not _wired("services.router.server"), reason="services/router/server.py does not pass "
-                    "security=ServerSecurity.from_config(config) to serve() yet")
 def test_router_requires_the_token_when_configured(rc_cluster):
     from tests.conftest import start_router
 
@@ -251,8 +242,6 @@ def test_router_requires_the_token_when_configured(rc_cluster):
         router.stop()
 
 
-@pytest.mark.skipif(not _wired("services.engine.server"), reason="services/engine/server.py does not pass "
-                    "security=ServerSecurity.from_config(config) to serve() yet")
 def test_engine_serves_tls_and_requires_the_token_when_configured(rc_cluster, certs):
     from tests.conftest import start_engine
 
