@@ -114,16 +114,23 @@ def load_config(
 
 
 @dataclasses.dataclass(frozen=True)
-class ServerConfig:
+class TransportSecurity:
+    """Transport security fields every service config inherits (services/common/security.py; all off by default):
+    PEM server cert + key serve the port over TLS, ``tls_client_ca`` requires client certificates (mTLS),
+    ``auth_token`` / ``auth_token_file`` require ``authorization: Bearer <token>`` on every call except health."""
+
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    auth_token: str = ""
+    auth_token_file: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig(TransportSecurity):
     """Settings every gRPC server shares (embedded in each service's config by field names)."""
 
     host: str = "127.0.0.1"
     port: int = 0
     grace_s: float = 5.0
     max_message_bytes: int = 16 * MiB
-    # Optional TLS / mTLS and bearer token (services/common/security.py); every service config has these.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    auth_token: str = ""
-    auth_token_file: str = ""

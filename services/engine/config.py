@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import MiB
+from services.common.config import MiB, TransportSecurity
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(TransportSecurity):
     host: str = "127.0.0.1"
     port: int = 50053
     grace_s: float = 10.0
@@ -52,11 +52,3 @@ class EngineConfig:
     # Prometheus /metrics HTTP port (0 disables the endpoint).
     metrics_port: int = 9103
     log_level: str = "INFO"
-    # Transport security (services/common/security.py; all off by default): PEM server cert + key serve the
-    # port over TLS, tls_client_ca requires client certificates (mTLS), auth_token / auth_token_file require
-    # `authorization: Bearer <token>` on every call except health.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    auth_token: str = ""
-    auth_token_file: str = ""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import MiB
+from services.common.config import MiB, TransportSecurity
 
 
 @dataclass(frozen=True)
-class RouterConfig:
+class RouterConfig(TransportSecurity):
     host: str = "127.0.0.1"
     port: int = 50051
     grace_s: float = 5.0
@@ -40,14 +40,6 @@ class RouterConfig:
     exemplar_weight: float = 0.0
     # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
     native_scan: bool = True
-    # Transport security (services/common/security.py; all off by default): PEM server cert + key serve the
-    # port over TLS, tls_client_ca requires client certificates (mTLS), auth_token / auth_token_file require
-    # `authorization: Bearer <token>` on every call except health.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    auth_token: str = ""
-    auth_token_file: str = ""
     # How the router reaches a secured compiler: CA to trust (turns TLS on), client cert + key (mTLS), token.
     compiler_tls_ca: str = ""
     compiler_tls_cert: str = ""
