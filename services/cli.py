@@ -170,6 +170,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.detach:
             return 0
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C stops the cluster even when we were started with SIGINT ignored (a background job of a
+        # non-interactive shell inherits SIG_IGN, and Python then installs no KeyboardInterrupt handler)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         while all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
         dead = [s for s, p in procs.items() if p.poll() is not None]

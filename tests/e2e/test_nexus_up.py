@@ -21,7 +21,9 @@ def nexus_up(tmp_path_factory):
     mports = {s: free_port() for s in ports}
     cmd = [sys.executable, "-m", "services.cli", "up", "--tools", str(TOOLS_DIR), "--store", str(tmp / "store"),
            "--log-dir", str(tmp / "log")] + [f"--{s}-port={p}" for s, p in ports.items()]
+    # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is: Ctrl-C must still work
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
                             env={**os.environ, "PYTHONUNBUFFERED": "1",
                                  **{f"NEXUS_{s.upper()}_METRICS_PORT": str(p) for s, p in mports.items()}})
     banner = []
