@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from nexus.v1 import engine_pb2, engine_pb2_grpc
 from services.common.metrics import Metrics
@@ -45,6 +46,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     def __init__(self, engine: Engine, metrics: Metrics | None = None):
         self.engine = engine
         self.metrics = metrics or Metrics("engine")
+        # Turns run one at a time anyway (the engine's per-turn lock): one long-lived worker thread, instead of
+        # the loop's default pool growing threads (each new thread brings its own malloc arena: RSS steps up)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-turn")
 
     async def Generate(self, request, context):
         loop = asyncio.get_running_loop()
@@ -58,6 +62,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         validate = request.validate if request.HasField("validate") else None
 
         def work() -> None:
+            if cancelled.is_set():  # the client left while the request was queued
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+                return
             try:
                 for ev in self.engine.generate(request.query, request.tool, history, max_tokens,
                                                fidelity=fidelity, prefill=prefill, validate=validate):
@@ -69,7 +76,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
-        worker = loop.run_in_executor(None, work)
+        worker = loop.run_in_executor(self._executor, work)
         try:
             while True:
                 ev = await queue.get()
