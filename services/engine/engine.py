@@ -218,7 +218,7 @@ class Engine:
         self._free_head_seqs = list(range(FIRST_HEAD_SEQ, FIRST_HEAD_SEQ + max(0, config.warm_heads)))
         self.last_prompt_logits: np.ndarray | None = None  # next-token logits after the last prompt (tests)
         self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0,
-                      "splice_declined": 0, "validations": 0, "validation_fallbacks": 0}
+                      "splice_declined": 0, "validations": 0, "validation_fallbacks": 0, "warm_head_hits": 0}
 
     def close(self) -> None:
         with self.lock:
@@ -444,7 +444,7 @@ class Engine:
             return 0
         self._heads.touch(slot)
         self.sc.seq_cp(self._heads.value(slot), LIVE_SEQ, 0, len(head))
-        self.stats["warm_head_hits"] = self.stats.get("warm_head_hits", 0) + 1
+        self.stats["warm_head_hits"] += 1
         return len(head)
 
     def _remember_head(self, head: list[int]) -> None:

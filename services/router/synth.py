@@ -28,7 +28,7 @@ VALUES: dict[str, tuple[str, ...]] = {
     "url": ("https://example.com/docs", "https://news.ycombinator.com"),
     "title": ("'Fix login timeout'", "'Add dark mode'"),
     "body": ("'looks good to me'", "'please rebase on main'"),
-    "content": ("'hello world'", "'TODO: update docs'"),
+    "content": ("'hello world'", "'update the install docs'"),
     "message": ("'hello team'", "'deploy finished'"),
     "text": ("'Submit'", "'hello'"),
     "commitmessage": ("'fix typo'", "'bump version'"),
