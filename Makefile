@@ -78,9 +78,11 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 # default gate_model_dir) links to it.
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
 models: var/models/gate/gate.json  ## train the router's gate model (once per machine; cached)
-var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES)
+AUGMENT := $(wildcard data/routing_augment/*.jsonl)
+var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT)
 	mkdir -p $(MODEL_CACHE) var/models
-	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
+	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
+		--out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
 	ln -sfn $(MODEL_CACHE)/gate var/models/gate
 	touch $@
 

@@ -279,6 +279,22 @@ def synth_fn(per_tool: int, seed: int = 0):
     return make
 
 
+AUGMENT_DIR = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
+
+
+def augment_fn(exclude_server: str = ""):
+    """The hand-written paraphrase lines of data/routing_augment (written from the schemas only, never from
+    the evaluation's train.jsonl), as extra fit examples."""
+    from services.evals.data import load_queries
+    from services.router.training import make_examples
+
+    def make(R):
+        lines = [ln for f in sorted(AUGMENT_DIR.glob("*.jsonl")) for ln in load_queries(f)
+                 if ln.server != exclude_server]
+        return make_examples(lines, set(R.names), equivalents)
+    return make
+
+
 # variant -> (synthetic queries per tool, GateHyperParams overrides, tool keys trained against (max-pooled))
 MK2 = ("name_desc", "name_sent_params")
 VARIANTS: dict[str, tuple[int, dict, tuple[str, ...]]] = {
@@ -291,13 +307,15 @@ VARIANTS: dict[str, tuple[int, dict, tuple[str, ...]]] = {
     "mk2": (0, {}, MK2),
     "mk2ep5": (0, {"q_epochs": 5}, MK2),
     "mk2synth2": (2, {}, MK2),
+    "aug": (-1, {}, ("name_desc",)),  # -1: the hand-written augment lines instead of templates
 }
 
 
 def exp_train(a, hp, Q, R, regs, te, train):
     per_tool, over, key_sets = VARIANTS[a.variant]
     hp = replace(hp, **over)
-    _, rep = encoder(a.variant, a.fold, train, R, hp, synth_fn(per_tool, hp.seed) if per_tool else None, key_sets)
+    extra = augment_fn() if per_tool < 0 else synth_fn(per_tool, hp.seed) if per_tool else None
+    _, rep = encoder(a.variant, a.fold, train, R, hp, extra, key_sets)
     print(f"{a.variant}: {rep['seconds']} s, n_fit {rep['n_fit']}, best epoch {rep['best_epoch']}, "
           f"val {[round(h['val_slb_top1'], 3) for h in rep['history']]}", flush=True)
     exp_keys(a, hp, Q, R, regs, te, train)

@@ -30,6 +30,13 @@ def _hp_from_args(args: argparse.Namespace):
     return replace(GateHyperParams(), **kw)
 
 
+def _default_augment() -> str:
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parents[2] / "data" / "routing_augment"
+    return str(d) if d.is_dir() else ""
+
+
 def _add_hp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="split/shuffle/init seed (training is deterministic for it)")
     p.add_argument("--q-epochs", dest="q_epochs", type=int, help="query-encoder epochs (default 3)")
@@ -60,6 +67,9 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default="", help="engine GGUF for concat-all (default SmolLM2-135M)")
     p.add_argument("--models-root", default="var/models", help="cache directory of trained gate models")
     p.add_argument("--exemplar-weight", type=float, default=0.0, help="SLB exemplar-key weight (ablation)")
+    p.add_argument("--augment", default=_default_augment(),
+                   help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
+                        "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_hp_args(p)
 
@@ -71,7 +81,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                        holdout_server=args.holdout_server, concat_limit=args.concat_limit,
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
-                       concat_from=args.concat_from)
+                       concat_from=args.concat_from, augment=args.augment)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],
@@ -90,6 +100,9 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default="var/models/gate",
                    help="model directory (RouterConfig.gate_model_dir); kept when its data hash matches")
     p.add_argument("--force", action="store_true", help="retrain even when the cached model matches")
+    p.add_argument("--augment", default=_default_augment(),
+                   help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
+                        "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_hp_args(p)
 
@@ -100,6 +113,7 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
         import logging
 
         from services.evals.data import equivalents, load_queries, load_registry
+        from services.evals.routing_models import load_augment
         from services.router.training import train_gate
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -107,8 +121,8 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
         registry = load_registry(args.tools)
         t0 = time.time()
         doc = train_gate(lines, registry.tools, args.out, _hp_from_args(args), equivalents=equivalents,
-                         progress=not args.quiet, force=args.force)
-        keys = ("tau", "alpha", "ce_top_k", "n_fit", "n_val", "val_gated_accuracy", "val_escalation_rate",
+                         progress=not args.quiet, force=args.force, extra=load_augment(args.augment))
+        keys = ("tau", "alpha", "ce_top_k", "n_fit", "n_fit_extra", "n_val", "val_gated_accuracy", "val_escalation_rate",
                 "train_seconds", "data_hash")
         print(json.dumps({k: doc.get(k) for k in keys} | {"out": args.out, "seconds": round(time.time() - t0)},
                          indent=2), file=sys.stdout)

@@ -297,7 +297,8 @@ def plot(report: dict[str, Any], path: str) -> None:
 def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int = 0, folds: int = 3,
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = 0.0, hp=None, progress: bool = True, plot_path: str | None = None,
-             skip_concat: bool = False, model_path: str = "", concat_from: str = "") -> dict[str, Any]:
+             skip_concat: bool = False, model_path: str = "", concat_from: str = "",
+             augment: str = "") -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
 
     prepare_training_env()
@@ -305,7 +306,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.routing_models import fold_models, holdout_model
+    from services.evals.routing_models import fold_models, holdout_model, load_augment
     from services.router.training import GateHyperParams
 
     t_start = time.time()
@@ -318,9 +319,10 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     fold_of = assign_folds(lines, folds, seed)
     regs = registries_for(lines, size_list, registry, seed)
 
-    fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress)
+    extra = [ln for ln in load_augment(augment) if ln.tool in known]
+    fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress, extra=extra)
     servers = registry.servers()
-    hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress) \
+    hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress, extra=extra) \
         if holdout_server and holdout_server in servers else None
 
     embedder = Embedder("")
@@ -379,6 +381,9 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             "n_lines": len(lines), "n_tools": len(registry.tools),
             "equivalence_groups_count_as_correct": True,
             "hyperparams": asdict(hp), "exemplar_weight": exemplar_weight,
+            "augment": {"source": str(augment), "n_lines": len(extra),
+                        "use": "fit split of every gate model only (never validation or evaluation); the held-out "
+                               "server's model is trained without that server's augment lines"},
         },
         "sizes": report_sizes,
         "folds": fold_meta,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from services.evals.data import QueryLine, Registry, equivalents
+from services.evals.data import QueryLine, Registry, equivalents, load_queries
 from services.router.training import GateHyperParams, default_gate_dir, train_gate
 
 log = logging.getLogger("nexus.evals.routing")
@@ -28,25 +28,42 @@ def prepare_training_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def load_augment(path: str | Path) -> list[QueryLine]:
+    """Fit-only training lines (``data/routing_augment/*.jsonl``: requests written from the tool schemas
+    alone, never from the evaluation's query file). A missing directory or '' means none."""
+    if not path:
+        return []
+    root = Path(path)
+    if root.is_file():
+        return load_queries(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"augment data {root} does not exist")
+    return [ln for f in sorted(root.glob("*.jsonl")) for ln in load_queries(f)]
+
+
 def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperParams, models_root: str,
-                 progress: bool = True, label: str = "") -> Path:
-    out = default_gate_dir(lines, registry.tools, hp, root=models_root, equivalents=equivalents)
+                 progress: bool = True, label: str = "", extra: Sequence[QueryLine] = ()) -> Path:
+    out = default_gate_dir(lines, registry.tools, hp, root=models_root, equivalents=equivalents, extra=extra)
     if label:
         log.info("gate model for %s: %s", label, out)
-    train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress)
+    train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress, extra=extra)
     return out
 
 
 def fold_models(lines: Sequence[QueryLine], folds: Sequence[int], k: int, registry: Registry,
-                hp: GateHyperParams, models_root: str, progress: bool = True) -> list[Path]:
+                hp: GateHyperParams, models_root: str, progress: bool = True,
+                extra: Sequence[QueryLine] = ()) -> list[Path]:
     out = []
     for f in range(k):
         train = [ln for ln, g in zip(lines, folds, strict=True) if g != f]
-        out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}"))
+        out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}", extra=extra))
     return out
 
 
 def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, hp: GateHyperParams,
-                  models_root: str, progress: bool = True) -> Path:
+                  models_root: str, progress: bool = True, extra: Sequence[QueryLine] = ()) -> Path:
+    """Trained without any line of ``server`` (its augment lines included): tools the router never saw."""
     train = [ln for ln in lines if registry.server_of.get(ln.tool) != server]
-    return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}")
+    extra = [ln for ln in extra if registry.server_of.get(ln.tool) != server]
+    return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}",
+                        extra=extra)

@@ -114,7 +114,8 @@ def make_examples(lines: Sequence[Any], tool_names: set[str], equivalents: Calla
     return out
 
 
-def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams, base_fp: str) -> str:
+def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams, base_fp: str,
+              extra: Sequence[Example] = ()) -> str:
     h = hashlib.sha256()
     h.update(TRAINING_VERSION.encode())
     h.update(base_fp.encode())
@@ -123,6 +124,10 @@ def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperP
         h.update(json.dumps([e.id, e.text, e.tool, sorted(e.positives)]).encode())
     for t in sorted(tools, key=lambda t: t.name):
         h.update(t.schema_hash.encode())
+    if extra:  # fit-only lines (absent: the hash of a model trained without any stays what it was)
+        h.update(b"extra")
+        for e in sorted(extra, key=lambda e: e.id):
+            h.update(json.dumps([e.id, e.text, e.tool, sorted(e.positives)]).encode())
     return h.hexdigest()
 
 
@@ -425,10 +430,11 @@ def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Examp
 
 def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp: GateHyperParams = GateHyperParams(),
                equivalents: Callable[[str], frozenset[str]] | None = None, progress: bool = True,
-               force: bool = False) -> dict[str, Any]:
+               force: bool = False, extra: Sequence[Any] = ()) -> dict[str, Any]:
     """Train a gate model on ``lines`` over the registry ``tools`` and write it to ``out`` (atomically).
-    Skips training (returns the existing gate.json) when ``out`` already holds a model of the same data
-    hash, unless ``force``."""
+    ``extra`` lines (e.g. ``data/routing_augment``) join the fit split only: validation, tau and every
+    calibrated weight stay on real ``lines``. Skips training (returns the existing gate.json) when ``out``
+    already holds a model of the same data hash, unless ``force``."""
     from sentence_transformers import SentenceTransformer
 
     if equivalents is None:
@@ -443,8 +449,9 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     examples = make_examples(lines, set(names), equivalents, hp.max_turns)
     if not examples:
         raise ValueError("no training line routes to a tool of the registry")
+    extra_examples = make_examples(extra, set(names), equivalents, hp.max_turns)
     base_fp = dir_fingerprint(default_embedder_path())
-    digest = data_hash(examples, tools, hp, base_fp)
+    digest = data_hash(examples, tools, hp, base_fp, extra_examples)
     existing = out / "gate.json"
     if existing.is_file() and not force:
         doc = json.loads(existing.read_text())
@@ -455,6 +462,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
             return doc
     t0 = time.time()
     fit, val = split_examples(examples, hp.val_fraction, hp.seed)
+    fit = fit + extra_examples
     base = SentenceTransformer(str(default_embedder_path()), device="cpu")
     keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
     del base
@@ -502,6 +510,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         "hyperparams": asdict(hp),
         "n_tools": len(names),
         "n_fit": len(fit),
+        "n_fit_extra": len(extra_examples),
         "n_val": len(val),
         "val_ids": sorted(e.id for e in val),
         "calibration": {"n": int(len(margins)), "margin_p20": tau,
@@ -534,10 +543,10 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
 
 
 def default_gate_dir(lines: Sequence[Any], tools: Sequence[Tool], hp: GateHyperParams, root: str = "var/models",
-                     equivalents: Callable[[str], frozenset[str]] | None = None) -> Path:
+                     equivalents: Callable[[str], frozenset[str]] | None = None, extra: Sequence[Any] = ()) -> Path:
     """``<root>/gate-<hash of data + seed + hyper-parameters>``: the cache location of a training run."""
     eq = equivalents or (lambda t: frozenset({t}))
     names = {t.name for t in tools}
     digest = data_hash(make_examples(lines, names, eq, hp.max_turns), tools, hp,
-                       dir_fingerprint(default_embedder_path()))
+                       dir_fingerprint(default_embedder_path()), make_examples(extra, names, eq, hp.max_turns))
     return Path(root) / f"gate-{digest[:16]}"

@@ -174,3 +174,21 @@ def test_registry_changes_reach_a_second_replica(tiny, embedder, tmp_path):
     asyncio.run(a.remove([gone]))
     assert asyncio.run(b.sync()) and gone not in b.index
     assert all(n != gone for n, _ in b.route("what time is it", top_k=10).candidates)
+
+
+def test_augment_lines_join_the_fit_split_only(tiny):
+    from pathlib import Path
+
+    from services.evals.routing_models import load_augment
+
+    aug_dir = Path(__file__).resolve().parents[2] / "data" / "routing_augment"
+    extra = [ln for ln in load_augment(aug_dir) if ln.server in SERVERS]
+    assert len(extra) == 4 * len(tiny["tools"])  # the committed data: 4 requests per tool
+    out = tiny["root"] / "aug"
+    doc = train_gate(tiny["lines"], tiny["tools"], out, HP, equivalents=equivalents, progress=False, extra=extra)
+    assert doc["data_hash"] != tiny["doc"]["data_hash"]  # another model, cached apart
+    assert doc["n_fit_extra"] == len(extra) and doc["n_fit"] == tiny["doc"]["n_fit"] + len(extra)
+    # validation (tau, alpha, SLB calibration) stays on the same real lines
+    assert doc["val_ids"] == tiny["doc"]["val_ids"] and not any(i.startswith("a-") for i in doc["val_ids"])
+    assert not any(json.loads(row)["id"].startswith("a-") for row in
+                   (out / "exemplars.jsonl").read_text().splitlines())
