@@ -29,10 +29,35 @@ ws     ::= | " " | "\n" [ \t]{0,20}
 # closing quote instead of running to max_tokens. Values users state are far shorter than this.
 MAX_STRING_CHARS = 160
 _FREE_STRING = 'string ::= "\\"" char* "\\"" space'
+# Arrays without a maxItems get this bound: a small model that starts listing (ids 1, 2, 3, …, enum values over
+# and over) stops there instead of running to the token budget.
+MAX_ARRAY_ITEMS = 10
+
+
+def bound_arrays(node, max_items: int = MAX_ARRAY_ITEMS):
+    """A copy of a JSON Schema (fragment) with every array bounded to ``max_items`` unless it says otherwise."""
+    if isinstance(node, list):
+        return [bound_arrays(v, max_items) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: bound_arrays(v, max_items) for k, v in node.items()}
+    t = out.get("type")
+    if (t == "array" or (isinstance(t, list) and "array" in t)) and "maxItems" not in out:
+        out["maxItems"] = max(max_items, int(out.get("minItems", 0) or 0))
+    return out
+
+
+# llama-cpp-python's converter lets any character but a quote or backslash into a string, control characters
+# included; a raw newline inside a JSON string does not parse (seen: a 135M model wrote "\n#\n#..." into a
+# value). JSON forbids U+0000-U+001F unescaped.
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
 def bound_strings(text: str, max_chars: int = MAX_STRING_CHARS) -> str:
-    """Bound the generic ``string`` rule of a ``json_schema_to_gbnf`` grammar to ``max_chars`` characters."""
+    """Bound the generic ``string`` rule of a ``json_schema_to_gbnf`` grammar to ``max_chars`` characters, and
+    keep control characters out of strings (they must be escaped in JSON)."""
+    text = text.replace(_LOOSE_CHAR, _JSON_CHAR)
     return text.replace(_FREE_STRING, f'string ::= "\\"" char{{0,{max_chars}}} "\\"" space')
 
 
@@ -53,7 +78,7 @@ def _schema_for_grammar(tool: Tool) -> dict:
     # Drop keywords that only document (they change nothing the grammar can enforce).
     for k in ("$schema", "title", "description", "examples"):
         schema.pop(k, None)
-    return schema
+    return bound_arrays(schema)
 
 
 def compile_grammar(tool: Tool) -> CompiledGrammar:

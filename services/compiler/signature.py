@@ -15,7 +15,7 @@ from typing import Any
 
 from services.common.tools import Tool
 
-IR_VERSION = "nexus-ir-v3"
+IR_VERSION = "nexus-ir-v4"  # v4: grammars bound arrays (MAX_ARRAY_ITEMS)
 
 _TYPE_NAMES = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}
 MAX_ENUM = 6

@@ -62,3 +62,45 @@ def test_free_strings_are_bounded_so_loops_end(vocab):
     g = compile_grammar(t)
     assert not g.fallback and f"char{{0,{MAX_STRING_CHARS}}}" in g.text and "char*" not in g.text
     assert _parses(vocab, g.text)
+
+
+def _accepts(vocab, grammar: str, text: str) -> bool:
+    """Whether llama.cpp's grammar sampler accepts ``text`` token by token (the real model's tokens)."""
+    import llama_cpp
+    import numpy as np
+
+    from services.engine.sampling import GrammarSampler
+
+    s = GrammarSampler(llama_cpp, vocab._model.vocab, grammar, vocab.n_vocab())
+    try:
+        for tok in vocab.tokenize(text.encode(), add_bos=False, special=False):
+            if not s.allows(tok, 0.0):
+                return False
+            s.accept(tok)
+        assert np is not None
+        return True
+    finally:
+        s.close()
+
+
+def test_strings_admit_no_raw_control_characters(vocab):
+    # JSON forbids an unescaped newline inside a string; the converter's own char rule let one through
+    t = parse_tool({"name": "x", "description": "", "inputSchema": {
+        "type": "object", "properties": {"step": {"type": "string"}}, "required": ["step"]}})
+    g = compile_grammar(t).text
+    assert _accepts(vocab, g, '{"step": "build\\nrun"}')  # escaped: fine
+    assert not _accepts(vocab, g, '{"step": "build\nrun"}')
+    assert not _accepts(vocab, g, '{"step": "a\tb"}')
+
+
+def test_arrays_are_bounded_unless_the_schema_says_otherwise(vocab):
+    from services.compiler.grammar import MAX_ARRAY_ITEMS
+
+    def arr(extra):
+        return parse_tool({"name": "x", "description": "", "inputSchema": {"type": "object", "properties": {
+            "ids": {"type": "array", "items": {"type": "integer"}, **extra}}, "required": ["ids"]}})
+    many = lambda n: '{"ids": [' + ", ".join(str(i) for i in range(n)) + "]}"  # noqa: E731
+    g = compile_grammar(arr({})).text
+    assert _accepts(vocab, g, many(MAX_ARRAY_ITEMS)) and not _accepts(vocab, g, many(MAX_ARRAY_ITEMS + 1))
+    g = compile_grammar(arr({"maxItems": 12})).text  # the schema's own bound wins
+    assert _accepts(vocab, g, many(12)) and not _accepts(vocab, g, many(13))
