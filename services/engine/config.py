@@ -36,6 +36,11 @@ class EngineConfig(TransportSecurity):
     copy_continue_bias: float = 5.0
     copy_close_bias: float = 3.0
     copy_salient_bias: float = 2.0
+    # Inside a value that is a span of the request, tokens that neither continue the span nor end it at a word
+    # boundary lose this much (0 = off): stated values are copied whole, not run on or invented mid-way.
+    copy_span_penalty: float = 30.0
+    # A value starting where an earlier value of the same call started loses this much (0 = off).
+    copy_reuse_penalty: float = 4.0
     # Recent prompt heads (prelude + conversation window) kept decoded in their own sequences, found by exact
     # tokens through the native radix arena (0 disables).
     warm_heads: int = 4

@@ -27,8 +27,26 @@ def _salient(source: str, p: int) -> bool:
     end = p
     while end < len(source) and not source[end].isspace():
         end += 1
-    word = source[p:end].rstrip(".,;:!?)")
+    return _identifier_like(source[p:end].rstrip(".,;:!?)"))
+
+
+def _identifier_like(word: str) -> bool:
     return any(c in word for c in "/:._-@#=") or any(c.isdigit() for c in word)
+
+
+def _sentence_end(rest: str) -> bool:
+    return bool(rest) and rest[0] in ".;:!?)" and (len(rest) == 1 or rest[1].isspace())
+
+
+def _json_fragment(piece: str) -> str | None:
+    """The text a token writes inside a JSON string (``\\"`` writes ``"``), or None when it cannot sit whole
+    inside one (a bare quote, a dangling backslash)."""
+    import json
+
+    try:
+        return json.loads('"' + piece + '"')
+    except ValueError:
+        return None
 
 
 class JsonValueScanner:
@@ -41,6 +59,7 @@ class JsonValueScanner:
         self.is_key = False
         self.expect_key = False
         self.partial: list[str] = []
+        self.values: list[str] = []  # string values completed so far
 
     @property
     def in_value(self) -> bool:
@@ -58,6 +77,8 @@ class JsonValueScanner:
                     self.in_string = False
                     if self.is_key:
                         self.expect_key = False
+                    else:
+                        self.values.append("".join(self.partial))
                 else:
                     self.partial.append(ch)
                 continue
@@ -79,9 +100,11 @@ class CopyBias:
     """Logits processor (see module doc). ``begin(source)`` per request, ``feed(text)`` per sampled piece."""
 
     def __init__(self, pieces: list[str], *, start_bias: float = 2.0, continue_bias: float = 5.0,
-                 close_bias: float = 3.0, salient_bias: float = 2.0, max_piece_chars: int = 24):
+                 close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
+                 reuse_penalty: float = 0.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
         self.salient_bias = salient_bias
+        self.span_penalty, self.reuse_penalty = span_penalty, reuse_penalty
         self.by_text: dict[str, list[int]] = {}
         close = []
         for i, p in enumerate(pieces):
@@ -89,17 +112,25 @@ class CopyBias:
                 continue
             if p.startswith('"') and set(p[1:]) <= set(",}] "):
                 close.append(i)
-            if '"' in p or "\\" in p or any(ord(c) < 32 for c in p):
-                continue  # never copied verbatim into a JSON string
+            if any(ord(c) < 32 for c in p):
+                continue
+            if '"' in p or "\\" in p:
+                text = _json_fragment(p)  # an escape such as \" writes a quote inside the value
+                if text is not None and "\\" in p:
+                    self.by_text.setdefault(text, []).append(i)
+                continue  # a bare quote never continues a value: it closes it
             self.by_text.setdefault(p, []).append(i)
         self.close_ids = np.asarray(close, dtype=np.int64)
         self.max_len = min(max_piece_chars, max((len(t) for t in self.by_text), default=1))
         self.source = ""
         self.start_ids = np.zeros(0, dtype=np.int64)
         self.salient_ids = np.zeros(0, dtype=np.int64)
+        self.starts_at: dict[int, set[int]] = {}
         self.scanner = JsonValueScanner()
 
     def _prefix_ids(self, rest: str, out: set[int]) -> None:
+        if _sentence_end(rest):
+            return  # "… in /srv/app." : the full stop ends the sentence, not the value
         for n in range(1, min(len(rest), self.max_len) + 1):
             ids = self.by_text.get(rest[:n])
             if ids:
@@ -110,16 +141,45 @@ class CopyBias:
         self.scanner = JsonValueScanner()
         starts: set[int] = set()
         salient: set[int] = set()
+        self.starts_at = {}
         for p, ch in enumerate(source):
             if not ch.isspace() and (p == 0 or not source[p - 1].isalnum()) and ch not in _QUOTES:
-                self._prefix_ids(source[p:], starts)
+                here: set[int] = set()
+                self._prefix_ids(source[p:], here)
+                self.starts_at[p] = here
+                starts |= here
                 if _salient(source, p):
-                    self._prefix_ids(source[p:], salient)
+                    salient |= here
         self.start_ids = np.fromiter(sorted(starts), dtype=np.int64, count=len(starts))
         self.salient_ids = np.fromiter(sorted(salient), dtype=np.int64, count=len(salient))
 
     def feed(self, text: str) -> None:
         self.scanner.feed(text)
+
+    def _penalise_reuse(self, out: np.ndarray) -> None:
+        """A span the call already used as a value is rarely the next value too (the 135M model otherwise
+        repeats one phrase into every slot): tokens that start only at such a span lose ``reuse_penalty``."""
+        used: set[int] = set()
+        for v in self.scanner.values:
+            if not v:
+                continue
+            p = self.source.find(v)
+            while p >= 0:
+                used.add(p)
+                p = self.source.find(v, p + 1)
+        if not used:
+            return
+        fresh: set[int] = set()
+        for p, ids in self.starts_at.items():
+            if p not in used:
+                fresh |= ids
+        stale: set[int] = set()
+        for p in used:
+            stale |= self.starts_at.get(p, set())
+        stale -= fresh
+        if stale:
+            ids = np.fromiter(stale, dtype=np.int64, count=len(stale))
+            out[ids[ids < out.shape[0]]] -= self.reuse_penalty
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if not self.source or not self.scanner.in_value:
@@ -130,18 +190,39 @@ class CopyBias:
         if not partial:
             out[self.start_ids[self.start_ids < n]] += self.start_bias
             out[self.salient_ids[self.salient_ids < n]] += self.salient_bias
+            if self.reuse_penalty and self.scanner.values:
+                self._penalise_reuse(out)
             return out
         cont: set[int] = set()
-        closes = False
+        closes = at_boundary = grounded = False
         p = self.source.find(partial)
         while p >= 0:
             end = p + len(partial)
             rest = self.source[end:]
             self._prefix_ids(rest, cont)
             # the span ends where the request ends, at a quote mark, or at sentence punctuation
-            if not rest or rest[0] in _QUOTES or (rest[0] in ".,;:!?)" and (len(rest) == 1 or rest[1].isspace())):
+            if not rest or rest[0] in _QUOTES or _sentence_end(rest) or rest[0] == ",":
                 closes = True
+            # an identifier-like word (path, selector, owner/repo, key:name) ends at whitespace
+            elif rest[0].isspace() and _identifier_like(partial.rsplit(None, 1)[-1] if partial.strip() else ""):
+                closes = True
+            # a value may end at any word boundary (owner "octo" of "octo/web"), the model chooses
+            if not rest or (not rest[0].isalnum() and not partial[-1].isspace()):
+                at_boundary = True
+            grounded = True
             p = self.source.find(partial, p + 1)
+        if not grounded:
+            return out  # not a span of the request (a mapped value such as "Asia/Tokyo"): left alone
+        if self.span_penalty:
+            # grounded value: only its continuations, or its end at a word boundary, stay competitive; the
+            # penalty is finite, so where the grammar allows none of them (enums, formats) it still decides
+            keep = np.zeros(n, dtype=bool)
+            if cont:
+                ids = np.fromiter(cont, dtype=np.int64, count=len(cont))
+                keep[ids[ids < n]] = True
+            if closes or at_boundary:
+                keep[self.close_ids[self.close_ids < n]] = True
+            out[~keep] -= self.span_penalty
         if cont:
             ids = np.fromiter(cont, dtype=np.int64, count=len(cont))
             out[ids[ids < n]] += self.continue_bias

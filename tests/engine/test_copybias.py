@@ -64,3 +64,61 @@ def test_keys_and_invented_text_are_left_alone():
     assert np.array_equal(cb(logits), logits)
     cb.feed('query": "brazen')  # a value that is not in the request: no continuation to favour
     assert np.array_equal(cb(logits), logits)
+
+
+SPAN_PIECES = ["vercel", "/", "next", ".js", '"', '",', "x", " in", "octo", "-org", "/web", "Tok", "yo", "Asia",
+               "\\\"", "good", " first", "label", ":", "api", "."]
+
+
+def sid(*names):
+    return [SPAN_PIECES.index(n) for n in names]
+
+
+def test_span_penalty_keeps_a_copied_value_on_its_span_or_ends_it_at_a_word_boundary():
+    cb = CopyBias(SPAN_PIECES, span_penalty=30.0)
+    cb.begin("discussions in vercel/next.js ordered by creation")
+    cb.feed('{"owner": "vercel')
+    out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
+    assert out[sid("/")[0]] > 0  # continues the span
+    assert out[sid('"')[0]] == 0  # may end here: "/" is a word boundary (owner of owner/repo)
+    assert out[sid("x")[0]] == -30 and out[sid(" in")[0]] == -30  # neither continues nor ends it
+    cb.feed("/ne")  # mid-word: no boundary, only the continuation stays
+    out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
+    assert out[sid('"')[0]] == -30
+
+
+def test_a_value_that_is_not_a_span_is_left_to_the_model_and_the_grammar():
+    cb = CopyBias(SPAN_PIECES, span_penalty=30.0)
+    cb.begin("What time is it in Tokyo?")
+    cb.feed('{"timezone": "Asia')  # mapped value: not in the request
+    logits = np.arange(len(SPAN_PIECES), dtype=np.float32)
+    assert np.array_equal(cb(logits), logits)
+
+
+def test_a_sentence_full_stop_ends_a_value_instead_of_joining_it():
+    cb = CopyBias(SPAN_PIECES, span_penalty=30.0)
+    cb.begin("Show the staged changes in api.")
+    cb.feed('{"repo_path": "api')
+    out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
+    assert out[sid(".")[0]] == -30 and out[sid('"')[0]] > 0
+
+
+def test_an_escaped_quote_continues_a_span_that_contains_a_quote():
+    cb = CopyBias(SPAN_PIECES, span_penalty=30.0)
+    cb.begin("search 'label:\"good first\" x'")
+    cb.feed('{"q": "label:')
+    out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
+    assert out[sid('\\"')[0]] > 0  # writes the quote escaped, stays on the span
+
+
+def test_reuse_penalty_steers_the_next_value_away_from_a_span_already_used():
+    cb = CopyBias(SPAN_PIECES, reuse_penalty=4.0)
+    cb.begin("vercel/next.js and octo-org/web")
+    cb.feed('{"owner": "vercel", "repo": "')
+    out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
+    assert out[sid("vercel")[0]] < out[sid("next")[0]]  # "vercel" only starts where the owner started
+    assert out[sid("octo")[0]] == out[sid("next")[0]]
+    cb.begin("vercel/next.js")
+    cb.feed('{"owner": "')  # nothing used yet: no penalty
+    out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
+    assert out[sid("vercel")[0]] >= out[sid("next")[0]]
