@@ -41,6 +41,8 @@ class EngineConfig(TransportSecurity):
     copy_span_penalty: float = 30.0
     # A value starting where an earlier value of the same call started loses this much (0 = off).
     copy_reuse_penalty: float = 4.0
+    # Continuing a copied value onto the next word of unquoted text costs this much (0 = off).
+    copy_word_penalty: float = 3.0
     # Recent prompt heads (prelude + conversation window) kept decoded in their own sequences, found by exact
     # tokens through the native radix arena (0 disables).
     warm_heads: int = 4

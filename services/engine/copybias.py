@@ -30,6 +30,21 @@ def _salient(source: str, p: int) -> bool:
     return _identifier_like(source[p:end].rstrip(".,;:!?)"))
 
 
+def _quoted_positions(source: str) -> np.ndarray:
+    """For each character position (and the end): whether it lies inside quoted text. A quote mark toggles
+    only at a word edge, so the apostrophe of "O'Hare" or "don't" does not."""
+    out = np.zeros(len(source) + 1, dtype=bool)
+    inside = False
+    for i, ch in enumerate(source):
+        if ch in _QUOTES:
+            before = source[i - 1] if i else " "
+            after = source[i + 1] if i + 1 < len(source) else " "
+            if not (before.isalnum() and after.isalnum()):
+                inside = not inside
+        out[i + 1] = inside
+    return out
+
+
 def _identifier_like(word: str) -> bool:
     return any(c in word for c in "/:._-@#=") or any(c.isdigit() for c in word)
 
@@ -101,10 +116,10 @@ class CopyBias:
 
     def __init__(self, pieces: list[str], *, start_bias: float = 2.0, continue_bias: float = 5.0,
                  close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
-                 reuse_penalty: float = 0.0, max_piece_chars: int = 24):
+                 reuse_penalty: float = 0.0, word_penalty: float = 0.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
         self.salient_bias = salient_bias
-        self.span_penalty, self.reuse_penalty = span_penalty, reuse_penalty
+        self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
         self.by_text: dict[str, list[int]] = {}
         close = []
         for i, p in enumerate(pieces):
@@ -126,6 +141,7 @@ class CopyBias:
         self.start_ids = np.zeros(0, dtype=np.int64)
         self.salient_ids = np.zeros(0, dtype=np.int64)
         self.starts_at: dict[int, set[int]] = {}
+        self.quoted = np.zeros(0, dtype=bool)
         self.scanner = JsonValueScanner()
 
     def _prefix_ids(self, rest: str, out: set[int]) -> None:
@@ -152,6 +168,7 @@ class CopyBias:
                     salient |= here
         self.start_ids = np.fromiter(sorted(starts), dtype=np.int64, count=len(starts))
         self.salient_ids = np.fromiter(sorted(salient), dtype=np.int64, count=len(salient))
+        self.quoted = _quoted_positions(source)
 
     def feed(self, text: str) -> None:
         self.scanner.feed(text)
@@ -194,12 +211,16 @@ class CopyBias:
                 self._penalise_reuse(out)
             return out
         cont: set[int] = set()
+        cross: set[int] = set()  # continuations onto the next word of unquoted text
         closes = at_boundary = grounded = False
         p = self.source.find(partial)
         while p >= 0:
             end = p + len(partial)
             rest = self.source[end:]
-            self._prefix_ids(rest, cont)
+            if self.word_penalty and rest[:1].isspace() and not self.quoted[end]:
+                self._prefix_ids(rest, cross)
+            else:
+                self._prefix_ids(rest, cont)
             # the span ends where the request ends, at a quote mark, or at sentence punctuation
             if not rest or rest[0] in _QUOTES or _sentence_end(rest) or rest[0] == ",":
                 closes = True
@@ -217,8 +238,8 @@ class CopyBias:
             # grounded value: only its continuations, or its end at a word boundary, stay competitive; the
             # penalty is finite, so where the grammar allows none of them (enums, formats) it still decides
             keep = np.zeros(n, dtype=bool)
-            if cont:
-                ids = np.fromiter(cont, dtype=np.int64, count=len(cont))
+            if cont or cross:
+                ids = np.fromiter(cont | cross, dtype=np.int64, count=len(cont | cross))
                 keep[ids[ids < n]] = True
             if closes or at_boundary:
                 keep[self.close_ids[self.close_ids < n]] = True
@@ -226,6 +247,10 @@ class CopyBias:
         if cont:
             ids = np.fromiter(cont, dtype=np.int64, count=len(cont))
             out[ids[ids < n]] += self.continue_bias
+        cross -= cont
+        if cross:  # multi-word values are mostly quoted text: running on into the sentence costs a little
+            ids = np.fromiter(cross, dtype=np.int64, count=len(cross))
+            out[ids[ids < n]] += self.continue_bias - self.word_penalty
         if closes:
             out[self.close_ids[self.close_ids < n]] += self.close_bias
         return out

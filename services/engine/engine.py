@@ -251,7 +251,7 @@ class Engine:
             self._copy_bias = CopyBias(self._pieces(), start_bias=c.copy_start_bias,
                                        continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias,
                                        salient_bias=c.copy_salient_bias, span_penalty=c.copy_span_penalty,
-                                       reuse_penalty=c.copy_reuse_penalty)
+                                       reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty)
         return self._copy_bias
 
     def _token_text(self, tok: int) -> str:

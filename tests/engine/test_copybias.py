@@ -122,3 +122,15 @@ def test_reuse_penalty_steers_the_next_value_away_from_a_span_already_used():
     cb.feed('{"owner": "')  # nothing used yet: no penalty
     out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
     assert out[sid("vercel")[0]] >= out[sid("next")[0]]
+
+
+def test_running_on_into_unquoted_words_costs_but_quoted_text_flows():
+    pieces = ["Union", " Station", " to", " phrase", "my"]
+    cb = CopyBias(pieces, continue_bias=5.0, word_penalty=3.0, span_penalty=30.0)
+    cb.begin("route from Union Station to 'my phrase here'")
+    cb.feed('{"origin": "Union')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index(" Station")] == 2.0  # still on the span, but the next word costs 3 of the 5
+    cb.feed('", "q": "my')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index(" phrase")] == 5.0  # inside quotes: the full continuation bias
