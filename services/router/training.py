@@ -432,8 +432,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
                equivalents: Callable[[str], frozenset[str]] | None = None, progress: bool = True,
                force: bool = False, extra: Sequence[Any] = ()) -> dict[str, Any]:
     """Train a gate model on ``lines`` over the registry ``tools`` and write it to ``out`` (atomically).
-    ``extra`` lines (e.g. ``data/routing_augment``) join the fit split only: validation, tau and every
-    calibrated weight stay on real ``lines``. Skips training (returns the existing gate.json) when ``out``
+    ``extra`` lines (e.g. ``data/routing_augment``) join the query encoder's fit split only: the
+    cross-encoder, validation, tau and every calibrated weight stay on real ``lines``. Skips training (returns the existing gate.json) when ``out``
     already holds a model of the same data hash, unless ``force``."""
     from sentence_transformers import SentenceTransformer
 
@@ -470,7 +470,10 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
 
     index = SemanticIndex(keys.shape[1])
     index.replace_all({n: keys[i] for i, n in enumerate(names)})
-    fit_vecs = _encode_eval(qenc, [e.text for e in fit])
+    # the cross-encoder learns from the real lines only (extra lines teach the query encoder paraphrases; the
+    # cross-encoder's ~550 groups kept it cheap, and the fused gate is re-chosen on validation either way)
+    fit_real = fit[: len(fit) - len(extra_examples)] if extra_examples else fit
+    fit_vecs = _encode_eval(qenc, [e.text for e in fit_real])
     val_vecs = _encode_eval(qenc, [e.text for e in val]) if val else np.zeros((0, keys.shape[1]), np.float32)
     fit_cands = slb_rank(index, fit_vecs, hp.ce_negatives + 3)
     val_cands = slb_rank(index, val_vecs, hp.ce_top_k)
@@ -479,7 +482,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     margins = np.array([c[0][1] - c[1][1] for c in slb_rank(index, val_vecs, 2) if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
     ce_texts = {n: ce_tool_text(by_name[n]) for n in names}
-    ce, ce_report = train_cross_encoder(fit, val, fit_cands, val_cands, ce_texts, hp, progress)
+    ce, ce_report = train_cross_encoder(fit_real, val, fit_cands, val_cands, ce_texts, hp, progress)
 
     # validation of the whole gated decision (the rule the router applies)
     gated_ok, escalated = 0, 0

@@ -192,3 +192,13 @@ def test_augment_lines_join_the_fit_split_only(tiny):
     assert doc["val_ids"] == tiny["doc"]["val_ids"] and not any(i.startswith("a-") for i in doc["val_ids"])
     assert not any(json.loads(row)["id"].startswith("a-") for row in
                    (out / "exemplars.jsonl").read_text().splitlines())
+
+
+def test_single_query_fast_path_gives_the_encode_vector(tiny):
+    from services.router.gate import GateModel
+
+    g = GateModel(tiny["gate"], threads=1)
+    assert g._single is not None  # the trained encoder is Transformer + mean pooling + normalize
+    qs = ["What time is it in Tokyo right now?", "get config:max_upload_mb", "x" * 2000]  # the last is truncated
+    for q in qs:
+        np.testing.assert_allclose(g.embed_query(q), g.embed_queries([q])[0], atol=2e-6)
