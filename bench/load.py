@@ -124,35 +124,32 @@ class Recorder:
                 self.error_examples.append(f"{rpc}: {code}: {detail[:200]}")
 
 
-def route_worker(addr: str, queries, stop: threading.Event, rec: Recorder, seed: int, t0: float) -> None:
+def rpc_worker(rpc: str, client_kw: dict, call, queries, stop: threading.Event, rec: Recorder, seed: int,
+               t0: float) -> None:
+    """Send ``call(client, query, tool)`` in a loop until ``stop``, recording latency or the error code."""
     from nexus_client import NexusClient, NexusClientError
 
     rnd = random.Random(seed)
-    with NexusClient(router=addr, timeout_s=30) as c:
-        while not stop.is_set():
-            q, _ = rnd.choice(queries)
-            s = time.perf_counter()
-            try:
-                c.route_pb(q)
-                rec.ok("Route", time.perf_counter() - t0, (time.perf_counter() - s) * 1e3)
-            except NexusClientError as e:
-                rec.error("Route", e.code.name, e.details)
-
-
-def generate_worker(addr: str, queries, stop: threading.Event, rec: Recorder, seed: int, t0: float,
-                    max_tokens: int) -> None:
-    from nexus_client import NexusClient, NexusClientError
-
-    rnd = random.Random(seed)
-    with NexusClient(engine=addr, timeout_s=120) as c:
+    with NexusClient(**client_kw) as c:
         while not stop.is_set():
             q, tool = rnd.choice(queries)
             s = time.perf_counter()
             try:
-                c.generate(q, tool, max_tokens=max_tokens)
-                rec.ok("Generate", time.perf_counter() - t0, (time.perf_counter() - s) * 1e3)
+                call(c, q, tool)
+                rec.ok(rpc, time.perf_counter() - t0, (time.perf_counter() - s) * 1e3)
             except NexusClientError as e:
-                rec.error("Generate", e.code.name, e.details)
+                rec.error(rpc, e.code.name, e.details)
+
+
+def route_worker(addr: str, queries, stop: threading.Event, rec: Recorder, seed: int, t0: float) -> None:
+    rpc_worker("Route", {"router": addr, "timeout_s": 30}, lambda c, q, _tool: c.route_pb(q),
+               queries, stop, rec, seed, t0)
+
+
+def generate_worker(addr: str, queries, stop: threading.Event, rec: Recorder, seed: int, t0: float,
+                    max_tokens: int) -> None:
+    rpc_worker("Generate", {"engine": addr, "timeout_s": 120},
+               lambda c, q, tool: c.generate(q, tool, max_tokens=max_tokens), queries, stop, rec, seed, t0)
 
 
 def rss_sampler(procs: dict[str, subprocess.Popen], stop: threading.Event, out: dict, t0: float,
