@@ -285,12 +285,11 @@ AUGMENT_DIR = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
 def augment_fn(exclude_server: str = ""):
     """The hand-written paraphrase lines of data/routing_augment (written from the schemas only, never from
     the evaluation's train.jsonl), as extra fit examples."""
-    from services.evals.data import load_queries
+    from services.evals.routing_models import load_augment
     from services.router.training import make_examples
 
     def make(R):
-        lines = [ln for f in sorted(AUGMENT_DIR.glob("*.jsonl")) for ln in load_queries(f)
-                 if ln.server != exclude_server]
+        lines = [ln for ln in load_augment(AUGMENT_DIR) if ln.server != exclude_server]
         return make_examples(lines, set(R.names), equivalents)
     return make
 

@@ -245,8 +245,9 @@ class CopyBias:
             # grounded value: only its continuations, or its end at a word boundary, stay competitive; the
             # penalty is finite, so where the grammar allows none of them (enums, formats) it still decides
             keep = np.zeros(n, dtype=bool)
-            if cont or cross:
-                ids = np.fromiter(cont | cross, dtype=np.int64, count=len(cont | cross))
+            both = cont | cross
+            if both:
+                ids = np.fromiter(both, dtype=np.int64, count=len(both))
                 keep[ids[ids < n]] = True
             if closes or at_boundary:
                 keep[self.close_ids[self.close_ids < n]] = True

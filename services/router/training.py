@@ -461,8 +461,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
                 doc = _calibrate_existing(out, doc, examples, tools, hp)
             return doc
     t0 = time.time()
-    fit, val = split_examples(examples, hp.val_fraction, hp.seed)
-    fit = fit + extra_examples
+    fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)
+    fit = fit_real + extra_examples
     base = SentenceTransformer(str(default_embedder_path()), device="cpu")
     keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
     del base
@@ -472,7 +472,6 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     index.replace_all({n: keys[i] for i, n in enumerate(names)})
     # the cross-encoder learns from the real lines only (extra lines teach the query encoder paraphrases; the
     # cross-encoder's ~550 groups kept it cheap, and the fused gate is re-chosen on validation either way)
-    fit_real = fit[: len(fit) - len(extra_examples)] if extra_examples else fit
     fit_vecs = _encode_eval(qenc, [e.text for e in fit_real])
     val_vecs = _encode_eval(qenc, [e.text for e in val]) if val else np.zeros((0, keys.shape[1]), np.float32)
     fit_cands = slb_rank(index, fit_vecs, hp.ce_negatives + 3)
