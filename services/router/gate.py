@@ -6,6 +6,9 @@ A gate model directory (written by ``services.router.training.train_gate``) hold
     query_encoder/   SentenceTransformer fine-tuned to map requests onto the *base* all-MiniLM-L6-v2
                      tool-text keys (asymmetric: tool keys stay the compiler's embeddings)
     cross_encoder/   sentence-transformers CrossEncoder fine-tuned from the all-MiniLM-L6-v2 weights
+    query_encoder/onnx/sentence_embedding.onnx
+                     the query encoder + pooling for one request on onnxruntime (services/router/onnx_encoder.py;
+                     exported by training, also into a cached model without it); absent: torch embeds
 
 Decision rule: SLB top-1 wins outright when ``top1 - top2 >= tau``; otherwise the top ``ce_top_k``
 candidates are scored by the cross-encoder and re-ranked by ``slb_score + alpha * ce_logit``. The SLB
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from services.common.tools import Tool
+from services.router import onnx_encoder
 
 log = logging.getLogger("nexus.router")
 
@@ -63,7 +67,8 @@ class GateInfo:
 
 
 class GateModel:
-    """A loaded gate model. ``embed_query`` and ``ce_scores`` are thread-safe."""
+    """A loaded gate model. ``embed_query`` and ``ce_scores`` are thread-safe (one lock: the tokenizers are not,
+    and the two cores are better spent on one forward pass at a time)."""
 
     def __init__(self, path: str | Path, threads: int = 2):
         from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -85,6 +90,10 @@ class GateModel:
         self.cross_encoder.model.eval()
         self._lock = threading.Lock()
         self._single = _single_query_path(self.query_encoder)
+        self.onnx: onnx_encoder.OnnxQueryEncoder | None = None
+        if self._single is not None:
+            tokenizer, _, max_len = self._single
+            self.onnx = onnx_encoder.load(root / "query_encoder", tokenizer, max_len, threads, self._torch_single)
 
     @staticmethod
     def exists(path: str | Path) -> bool:
@@ -98,14 +107,27 @@ class GateModel:
         return np.ascontiguousarray(v, dtype=np.float32)
 
     def embed_query(self, text: str) -> np.ndarray:
-        """One request's vector. For the common Transformer → mean pooling (→ normalize) stack, one forward
-        pass without ``encode``'s batching machinery (~3 ms of a ~17 ms call here; same vector, tested)."""
+        """One request's vector: onnxruntime when the model has its export (same vector, tested; the torch
+        forward pass was most of a Route's latency), else ``embed_query_torch``."""
+        if self.onnx is None:
+            return self.embed_query_torch(text)
+        with self._lock:
+            return self.onnx.embed(text)
+
+    def embed_query_torch(self, text: str) -> np.ndarray:
+        """One request's vector with torch, the reference the ONNX path is checked against. For the common
+        Transformer → mean pooling (→ normalize) stack, one forward pass without ``encode``'s batching
+        machinery (~3 ms of a ~17 ms call here; same vector, tested)."""
         if self._single is None:
             return self.embed_queries([text])[0]
+        with self._lock:
+            return self._torch_single(text)
+
+    def _torch_single(self, text: str) -> np.ndarray:
         import torch
 
         tokenizer, transformer, max_len = self._single
-        with self._lock, torch.inference_mode():
+        with torch.inference_mode():
             feats = tokenizer([text], return_tensors="pt", truncation=True, max_length=max_len)
             v = transformer(**feats).last_hidden_state[0].mean(dim=0)  # one sequence: no padding to mask
             v = torch.nn.functional.normalize(v, dim=0)
@@ -143,6 +165,25 @@ def _single_query_path(model) -> tuple[Any, Any, int] | None:
                                  "pooling_mode_weightedmean_tokens", "pooling_mode_mean_sqrt_len_tokens")):
         return None
     return model.tokenizer, mods[0].auto_model, int(model.max_seq_length)
+
+
+def export_query_onnx(encoder_dir: str | Path, model=None) -> Path | None:
+    """Export a saved query encoder for ``embed_query`` on onnxruntime (training's hook, run on fresh and cached
+    models). None, logged, when it cannot be: the router then embeds with torch, which is only slower."""
+    if model is None:
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(str(encoder_dir), device="cpu")
+    single = _single_query_path(model)
+    if single is None:
+        log.warning("query encoder %s is not Transformer + mean pooling: not exported to ONNX", encoder_dir)
+        return None
+    tokenizer, transformer, _ = single
+    try:
+        return onnx_encoder.export(transformer, tokenizer, encoder_dir)
+    except (ImportError, RuntimeError, OSError) as e:  # onnx missing: torch.onnx raises a RuntimeError
+        log.warning("query encoder %s not exported to ONNX (%s): the router embeds with torch", encoder_dir, e)
+        return None
 
 
 def fuse(slb_scores: np.ndarray, ce_logits: np.ndarray, alpha: float) -> np.ndarray:

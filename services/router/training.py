@@ -42,8 +42,9 @@ from services.common.embedder import tool_text
 from services.common.models import default_embedder_path, dir_fingerprint
 from services.common.tools import Tool
 from services.router.context import routing_text
-from services.router.gate import GATE_FORMAT, ce_tool_text, fuse, set_threads
+from services.router.gate import GATE_FORMAT, ce_tool_text, export_query_onnx, fuse, set_threads
 from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
+from services.router.onnx_encoder import onnx_path
 from services.router.slb import SemanticIndex
 
 log = logging.getLogger("nexus.router.training")
@@ -459,6 +460,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
             log.info("gate model %s is up to date (hash %s); skipping training", out, digest[:12])
             if doc.get("slb", {}).get("version") != SLB_CALIBRATION_VERSION:
                 doc = _calibrate_existing(out, doc, examples, tools, hp)
+            if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
+                export_query_onnx(out / "query_encoder")
             return doc
     t0 = time.time()
     fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)
@@ -529,6 +532,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         qenc.save(str(tmp / "query_encoder"))
+        export_query_onnx(tmp / "query_encoder", qenc)
         ce.save(str(tmp / "cross_encoder"))
         (tmp / "gate.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
         # the training requests, for optional exemplar keys in the SLB (RouterConfig.exemplar_weight)

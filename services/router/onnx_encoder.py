@@ -1,0 +1,126 @@
+"""The query encoder's single-request path on onnxruntime: the same vector as the torch forward pass (fp32,
+no quantization: an INT8 encoder moved vectors to cosine 0.93-0.96), in about half the time
+(bench/embed_latency.py).
+
+Layout: ``query_encoder/onnx/sentence_embedding.onnx`` beside the sentence-transformers files, written by
+training (``export``). The graph is transformer + masked mean pooling + L2 normalization, so its output is
+the vector the router scores with. Inputs are int64 ``(batch, seq)``, both axes dynamic.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("nexus.router")
+
+ONNX_FILE = Path("onnx") / "sentence_embedding.onnx"
+OPSET = 17
+INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
+# At load the ONNX encoder must give the torch vector of this request (a stale or foreign export would
+# otherwise move every route silently): long enough for attention to matter, with non-ASCII text.
+PROBE = "convert 3pm New York time to Tokyo time\n[context] user: réunion à 15 h, 東京 👋"
+MIN_COSINE = 0.9999
+
+
+def onnx_path(encoder_dir: str | Path) -> Path:
+    return Path(encoder_dir) / ONNX_FILE
+
+
+def export(transformer, tokenizer, encoder_dir: str | Path) -> Path:
+    """Write the ONNX graph of ``transformer`` (a Hugging Face encoder) + mean pooling + normalization into
+    ``encoder_dir`` atomically (a reader never sees half a file). Needs the ``onnx`` package."""
+    import torch
+
+    class MeanPooled(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kw = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            h = self.model(input_ids=input_ids, attention_mask=attention_mask, **kw).last_hidden_state
+            m = attention_mask.unsqueeze(-1).to(h.dtype)
+            v = (h * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(v, dim=-1)
+
+    # two sequences of different lengths: the traced graph takes the padded-mask path, valid for any batch
+    feats = tokenizer(["what time is it in Tokyo", "hi"], padding=True, return_tensors="pt")
+    names = [n for n in INPUT_ORDER if n in feats]
+    out = onnx_path(encoder_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    was_training = transformer.training
+    transformer.eval()
+    try:
+        # The tracer warns about Python conditions on shapes in transformers' mask/SDPA code; each is constant
+        # over sequence lengths here (tests and GateModel's load-time probe compare the vectors with torch).
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(MeanPooled(transformer), tuple(feats[n].to(torch.int64) for n in names), str(tmp),
+                              dynamo=False, opset_version=OPSET, input_names=names,
+                              output_names=["sentence_embedding"],
+                              dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names},
+                                            "sentence_embedding": {0: "batch"}})
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        transformer.train(was_training)
+    log.info("query encoder exported to %s", out)
+    return out
+
+
+class OnnxQueryEncoder:
+    """One request → its unit vector through onnxruntime. ``InferenceSession.run`` is thread-safe, the
+    tokenizer is not (truncation settings live on the Rust object): callers serialize ``embed``."""
+
+    def __init__(self, path: str | Path, tokenizer, max_len: int, threads: int):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(0, threads)  # 0: onnxruntime's default (one per core)
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.path = Path(path)
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.tokenizer = tokenizer
+        self.max_len = max_len
+
+    def embed(self, text: str) -> np.ndarray:
+        feats: dict[str, Any] = self.tokenizer([text], return_tensors="np", truncation=True, max_length=self.max_len)
+        v = self.session.run(None, {n: feats[n].astype(np.int64, copy=False) for n in self.inputs})[0][0]
+        return np.ascontiguousarray(v, dtype=np.float32)
+
+
+def load(encoder_dir: str | Path, tokenizer, max_len: int, threads: int,
+         reference: Callable[[str], np.ndarray]) -> OnnxQueryEncoder | None:
+    """The ONNX encoder of ``encoder_dir`` when it reproduces ``reference`` (the torch path) on ``PROBE``,
+    else None with the reason logged (the caller embeds with torch)."""
+    path = onnx_path(encoder_dir)
+    if not path.is_file():
+        log.warning("no ONNX query encoder at %s: single requests are embedded with torch (slower); "
+                    "`nexus train-gate` exports it", path)
+        return None
+    try:
+        enc = OnnxQueryEncoder(path, tokenizer, max_len, threads)
+        cos = float(enc.embed(PROBE) @ reference(PROBE))
+    except ImportError:
+        log.warning("onnxruntime is not installed: single requests are embedded with torch (slower)")
+        return None
+    except Exception as e:  # onnxruntime raises its own exception types for a corrupt or foreign file
+        log.error("ONNX query encoder %s unusable (%s): single requests are embedded with torch", path, e)
+        return None
+    if not cos >= MIN_COSINE:  # NaN fails too
+        log.error("ONNX query encoder %s disagrees with the torch weights (probe cosine %.5f): single requests are "
+                  "embedded with torch; delete it and run `nexus train-gate` to re-export", path, cos)
+        return None
+    log.info("query encoder: onnxruntime (%s)", path)
+    return enc

@@ -1,0 +1,132 @@
+"""The router's single-request query encoder on onnxruntime: the torch vector (cosine >= 0.9999) for a real
+export of the base all-MiniLM-L6-v2 encoder, thread-safe, and the torch path (logged) whenever the export is
+missing, unreadable, stale, or onnxruntime is absent; training's hook exports into a cached model."""
+
+import json
+import logging
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from services.common.models import default_embedder_path
+from services.router import training
+from services.router.gate import GATE_FORMAT, GateModel, export_query_onnx
+from services.router.onnx_encoder import onnx_path
+
+LONG = " ".join(["schedule a meeting with the design team tomorrow at 3pm in the big room"] * 30)
+REQUESTS = [
+    "what time is it in Tokyo?",
+    "get config:max_upload_mb",
+    "",
+    LONG,  # ~450 tokens: truncated to the encoder's max length
+    "convert 3pm New York time to London time\n[context] user: hi\n[context] assistant: hello",
+    "東京の天気を教えて 🌧️ — réunion à 15 h, naïve café, Ünïcödé",
+]
+
+
+def _gate_dir(root, onnx: bool):
+    """A gate model dir around the base encoder (no training: the export is what is under test)."""
+    root.mkdir()
+    shutil.copytree(default_embedder_path(), root / "query_encoder")
+    (root / "cross_encoder").symlink_to(default_embedder_path(), target_is_directory=True)
+    (root / "gate.json").write_text(json.dumps({"format": GATE_FORMAT, "tau": 0.0, "alpha": 0.0, "ce_top_k": 3}))
+    if onnx:
+        assert export_query_onnx(root / "query_encoder") == onnx_path(root / "query_encoder")
+    return root
+
+
+@pytest.fixture(scope="module")
+def gate_dir(tmp_path_factory):
+    return _gate_dir(tmp_path_factory.mktemp("onnx") / "gate", onnx=True)
+
+
+@pytest.fixture(scope="module")
+def gate(gate_dir):
+    return GateModel(gate_dir, threads=2)
+
+
+def _variant(gate_dir, tmp_path):
+    """A copy of the exported model whose ONNX file a test may replace or remove."""
+    dst = tmp_path / "gate"
+    shutil.copytree(gate_dir, dst, symlinks=True)
+    return dst
+
+
+def test_onnx_vectors_are_the_torch_vectors(gate):
+    assert gate.onnx is not None
+    assert len(gate.query_encoder.tokenizer(LONG)["input_ids"]) > gate.query_encoder.max_seq_length
+    for text in REQUESTS:
+        a, b = gate.embed_query(text), gate.embed_query_torch(text)
+        assert a.dtype == np.float32 and a.shape == b.shape == (384,)
+        assert np.linalg.norm(a) == pytest.approx(1.0, abs=1e-5)
+        assert float(a @ b) >= 0.9999, text
+
+
+def test_concurrent_requests_get_their_own_vectors(gate):
+    texts = [f"{t} #{i}" for i in range(4) for t in REQUESTS]
+    want = [gate.embed_query(t) for t in texts]
+    with ThreadPoolExecutor(6) as pool:  # both paths at once: they share the tokenizer
+        got = list(pool.map(gate.embed_query, texts))
+        ref = list(pool.map(gate.embed_query_torch, texts))
+    for w, g, r in zip(want, got, ref, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-6)
+        assert float(g @ r) >= 0.9999
+
+
+def _assert_torch_fallback(path, caplog, message: str):
+    with caplog.at_level(logging.WARNING, logger="nexus.router"):
+        g = GateModel(path, threads=1)
+    assert g.onnx is None
+    assert [r.getMessage() for r in caplog.records if message in r.getMessage()]
+    np.testing.assert_array_equal(g.embed_query(REQUESTS[0]), g.embed_query_torch(REQUESTS[0]))
+
+
+def test_missing_export_falls_back_to_torch(gate_dir, tmp_path, caplog):
+    path = _variant(gate_dir, tmp_path)
+    shutil.rmtree(onnx_path(path / "query_encoder").parent)
+    _assert_torch_fallback(path, caplog, "no ONNX query encoder")
+
+
+def test_missing_onnxruntime_falls_back_to_torch(gate_dir, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime -> ImportError
+    _assert_torch_fallback(gate_dir, caplog, "onnxruntime is not installed")
+
+
+def test_unreadable_export_falls_back_to_torch(gate_dir, tmp_path, caplog):
+    path = _variant(gate_dir, tmp_path)
+    onnx_path(path / "query_encoder").write_bytes(b"not a model")
+    _assert_torch_fallback(path, caplog, "unusable")
+
+
+def test_export_of_other_weights_is_refused(gate_dir, tmp_path, caplog):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    path = _variant(gate_dir, tmp_path)
+    other = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    export_query_onnx(path / "query_encoder", other)  # the weights on disk stay the base ones
+    _assert_torch_fallback(path, caplog, "disagrees with the torch weights")
+
+
+def test_cached_model_without_export_gets_one(tmp_path, monkeypatch):
+    from services.evals.data import equivalents, load_queries, load_registry
+    from tests.conftest import QUERIES, TOOLS_DIR
+
+    registry = load_registry(TOOLS_DIR)
+    tools = [t for t in registry.tools if registry.server_of[t.name] == "time"]
+    lines = [ln for ln in load_queries(QUERIES) if ln.server == "time"]
+    out = _gate_dir(tmp_path / "gate", onnx=False)
+    doc = json.loads((out / "gate.json").read_text())
+    doc.update(data_hash="cached", slb={"version": training.SLB_CALIBRATION_VERSION})
+    (out / "gate.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(training, "data_hash", lambda *a, **k: "cached")  # the model matches: no training
+    assert training.train_gate(lines, tools, out, equivalents=equivalents, progress=False) == doc
+    assert onnx_path(out / "query_encoder").is_file()
+    assert GateModel(out, threads=1).onnx is not None
