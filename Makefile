@@ -25,7 +25,7 @@ help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
 setup: deps proto native models  ## venv + pinned deps + protos + native core + gate model (idempotent; quick when done)
-	@$(PY) -c "import llama_cpp, sentence_transformers, grpc, nexus.v1.router_pb2" && echo "setup: ok"
+	@$(PY) -c "import llama_cpp, sentence_transformers, onnxruntime, grpc, nexus.v1.router_pb2" && echo "setup: ok"
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -77,13 +77,22 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 # keeps the cached model when its data/seed/hyper-parameter hash matches. var/models/gate (the router's
 # default gate_model_dir) links to it.
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
-models: var/models/gate/gate.json  ## train the router's gate model (once per machine; cached)
+models: var/models/gate/gate.json var/models/slots/slots.json  ## train the router's gate + the engine's slot reader (once per machine; cached)
 AUGMENT := $(wildcard data/routing_augment/*.jsonl)
 var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT)
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
 		--out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
 	ln -sfn $(MODEL_CACHE)/gate var/models/gate
+	touch $@
+
+# The engine's slot reader (which span of the request states which parameter): trained on the augment lines,
+# threshold on the query file's tune split, never on the held-out lines `nexus eval args` reports (~10 min).
+var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/engine/slot_training.py services/engine/slots.py
+	mkdir -p $(MODEL_CACHE) var/models
+	$(VENV)/bin/nexus train-slots --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
+		--out $(MODEL_CACHE)/slots $(if $(CI),--quiet,)
+	ln -sfn $(MODEL_CACHE)/slots var/models/slots
 	touch $@
 
 native: $(VENV)/.stamp-native  ## build the pybind11 core

@@ -7,6 +7,7 @@
     nexus route "QUERY"                     route a request
     nexus generate --tool NAME "QUERY"      stream the arguments for a tool call
     nexus train-gate --queries F --tools D  fine-tune the router's query encoder + cross-encoder gate
+    nexus train-slots --queries F --tools D --augment A   fine-tune the engine's slot reader (argument hints)
     nexus eval routing|args|fidelity|ttft|drift   evaluations (JSON report + PNG plot)
 """
 
@@ -305,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_routing_eval_parser(esub)
     add_train_gate_parser(sub)
+    from services.engine.slot_training import add_train_slots_parser
+
+    add_train_slots_parser(sub)
     from services.evals.splice_fidelity import add_drift_parser, add_fidelity_parser, add_ttft_parser
 
     add_fidelity_parser(esub)

@@ -43,6 +43,14 @@ class EngineConfig(TransportSecurity):
     copy_reuse_penalty: float = 4.0
     # Continuing a copied value onto the next word of unquoted text costs this much (0 = off).
     copy_word_penalty: float = 3.0
+    # Slot reader (services/engine/slots.py, `nexus train-slots` / `make models`): per parameter, the span of the
+    # request that states it; the copy bias favours that span by this much while the value is written (0 = off).
+    slot_model: str = "var/models/slots"
+    slot_hint_bias: float = 6.0
+    slot_threads: int = 1
+    # 0: each parameter's own best span (overlaps allowed); k > 0: each parameter's best k spans are shared out
+    # best first without overlaps (tune split: 64.5 % at k = 3 vs 66.0 % at 0, reports/args_experiments.md)
+    slot_candidates: int = 0
     # Recent prompt heads (prelude + conversation window) kept decoded in their own sequences, found by exact
     # tokens through the native radix arena (0 disables).
     warm_heads: int = 4

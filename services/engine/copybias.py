@@ -14,16 +14,22 @@ Grounded values (engine defaults; 99.3 % of the stated non-enum strings in the t
 * span penalty: inside a value that is a span of the request, tokens that neither continue it nor end it at a
   word boundary lose ``span_penalty`` (finite: where the grammar allows none of them, it still decides);
 * reuse penalty: a value starting where an earlier value of the call started loses ``reuse_penalty``;
-* word penalty: continuing onto the next word of *unquoted* text costs ``word_penalty`` of the continue bias.
+* word penalty: continuing onto the next word of *unquoted* text costs ``word_penalty`` of the continue bias;
+* slot hints: for a top-level parameter the slot reader (services/engine/slots.py) says a span states, the
+  tokens that follow that span, and the closing quote at its end, gain ``hint_bias`` while its value is written.
 
 The grammar still decides what is legal (enums, formats), so the bias can only choose among valid tokens.
 Character-level matching: the request and the value tokenize differently (" EU" vs "EU" after a quote)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 import numpy as np
 
 _QUOTES = "'\"`“”‘’"
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
 
 
 def _salient(source: str, p: int) -> bool:
@@ -82,6 +88,19 @@ class JsonValueScanner:
         self.expect_key = False
         self.partial: list[str] = []
         self.values: list[str] = []  # string values completed so far
+        self.key = ""  # the last key completed
+        self.key_depth = 0  # nesting depth ("{" / "[" count) at which it was written
+        self.bare: list[str] | None = None  # text of a top-level number/literal value being written
+
+    @property
+    def member(self) -> str:
+        """The top-level member whose (string) value is open, or "" (nested values have none)."""
+        return self.key if self.in_value and self.key_depth == 1 and len(self.stack) == 1 else ""
+
+    @property
+    def bare_member(self) -> str:
+        """The top-level member whose value is due or being written as a bare literal (a number), or ""."""
+        return self.key if self.bare is not None and self.key_depth == 1 and len(self.stack) == 1 else ""
 
     @property
     def in_value(self) -> bool:
@@ -99,12 +118,19 @@ class JsonValueScanner:
                     self.in_string = False
                     if self.is_key:
                         self.expect_key = False
+                        self.key, self.key_depth = "".join(self.partial), len(self.stack)
                     else:
                         self.values.append("".join(self.partial))
                 else:
                     self.partial.append(ch)
                 continue
-            if ch == '"':
+            if self.bare is not None and not ch.isspace() and ch not in ",}]\"{[":
+                self.bare.append(ch)
+                continue
+            self.bare = None if not ch.isspace() else self.bare
+            if ch == ":" and len(self.stack) == 1 and self.key_depth == 1:
+                self.bare = []
+            elif ch == '"':
                 self.in_string, self.partial = True, []
                 self.is_key = bool(self.stack) and self.stack[-1] == "{" and self.expect_key
             elif ch in "{[":
@@ -123,17 +149,25 @@ class CopyBias:
 
     def __init__(self, pieces: list[str], *, start_bias: float = 2.0, continue_bias: float = 5.0,
                  close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
-                 reuse_penalty: float = 0.0, word_penalty: float = 0.0, max_piece_chars: int = 24):
+                 reuse_penalty: float = 0.0, word_penalty: float = 0.0, hint_bias: float = 0.0,
+                 max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
+        self.hint_bias = hint_bias
         self.salient_bias = salient_bias
         self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
         self.by_text: dict[str, list[int]] = {}
-        close = []
+        self.open_text: dict[str, list[int]] = {}
+        close, ends = [], []
         for i, p in enumerate(pieces):
             if not p:
                 continue
             if p.startswith('"') and set(p[1:]) <= set(",}] "):
                 close.append(i)
+            if p.lstrip()[:1] in (",", "}"):
+                ends.append(i)  # ends a bare value (a number)
+            opened = p[1:] if p.startswith('"') else p[2:] if p.startswith(' "') else ""
+            if opened and not any(c in opened for c in '"\\') and all(ord(c) >= 32 for c in opened):
+                self.open_text.setdefault(opened, []).append(i)  # opens a string and writes its first text
             if any(ord(c) < 32 for c in p):
                 continue
             if '"' in p or "\\" in p:
@@ -143,12 +177,14 @@ class CopyBias:
                 continue  # a bare quote never continues a value: it closes it
             self.by_text.setdefault(p, []).append(i)
         self.close_ids = np.asarray(close, dtype=np.int64)
+        self.end_ids = np.asarray(ends, dtype=np.int64)
         self.max_len = min(max_piece_chars, max((len(t) for t in self.by_text), default=1))
         self.source = ""
         self.start_ids = np.zeros(0, dtype=np.int64)
         self.salient_ids = np.zeros(0, dtype=np.int64)
         self.starts_at: dict[int, set[int]] = {}
         self.quoted = np.zeros(0, dtype=bool)
+        self.hints: dict[str, tuple[int, int]] = {}
         self.scanner = JsonValueScanner()
 
     def _prefix_ids(self, rest: str, out: set[int]) -> None:
@@ -159,8 +195,12 @@ class CopyBias:
             if ids:
                 out.update(ids)
 
-    def begin(self, source: str) -> None:
+    def begin(self, source: str, hints: Mapping[str, tuple[int, int]] | None = None) -> None:
+        """A new request. ``hints``: top-level parameter -> the (start, end) span of ``source`` the slot reader
+        says states it (services/engine/slots.py); while that parameter's value is written, the tokens that
+        follow the span gain ``hint_bias`` and, at its end, so does the closing quote."""
         self.source = source
+        self.hints = {k: (int(a), int(b)) for k, (a, b) in (hints or {}).items() if 0 <= a < b <= len(source)}
         self.scanner = JsonValueScanner()
         starts: set[int] = set()
         salient: set[int] = set()
@@ -205,17 +245,73 @@ class CopyBias:
             ids = np.fromiter(stale, dtype=np.int64, count=len(stale))
             out[ids[ids < out.shape[0]]] -= self.reuse_penalty
 
+    def _follow_hint(self, out: np.ndarray, partial: str) -> None:
+        """The slot reader's span for the member being written: its next tokens (or, once the value is the
+        whole span, the closing quote) gain ``hint_bias``. A value that has left the span is left alone."""
+        start, end = self.hints[self.scanner.member]
+        if self.source[start:start + len(partial)] != partial:
+            return
+        n = out.shape[0]
+        if start + len(partial) >= end:  # the span is written: closing gains, running on loses
+            keep = np.zeros(n, dtype=bool)
+            keep[self.close_ids[self.close_ids < n]] = True
+            out[keep] += self.hint_bias
+            out[~keep] -= self.hint_bias
+            return
+        ids_set: set[int] = set()
+        for k in range(1, min(end - start - len(partial), self.max_len) + 1):
+            ids_set.update(self.by_text.get(self.source[start + len(partial):start + len(partial) + k], ()))
+        if ids_set:
+            ids = np.fromiter(ids_set, dtype=np.int64, count=len(ids_set))
+            out[ids[ids < n]] += self.hint_bias
+
+    def _follow_bare_hint(self, logits: np.ndarray) -> np.ndarray:
+        """A hinted member whose value is due or being written outside a string: a number's digits (a leading
+        space allowed before the first), then the end of the value; a string's opening tokens that carry the
+        quote and the hint's first characters (``"oct``) gain ``hint_bias``."""
+        start, end = self.hints[self.scanner.bare_member]
+        text = self.source[start:end]
+        partial = "".join(self.scanner.bare or [])
+        ids_set: set[int] = set()
+        out = np.array(logits, copy=True)
+        n = out.shape[0]
+        if not _NUMBER.fullmatch(text):
+            if partial:
+                return logits
+            for k in range(1, min(len(text), self.max_len) + 1):
+                ids_set.update(self.open_text.get(text[:k], ()))
+        elif not text.startswith(partial):
+            return logits
+        elif len(partial) == len(text):
+            out[self.end_ids[self.end_ids < n]] += self.hint_bias
+            return out
+        else:
+            rest = text[len(partial):]
+            for k in range(1, len(rest) + 1):
+                ids_set.update(self.by_text.get(rest[:k], ()))
+                if not partial:
+                    ids_set.update(self.by_text.get(" " + rest[:k], ()))
+        if ids_set:
+            ids = np.fromiter(ids_set, dtype=np.int64, count=len(ids_set))
+            out[ids[ids < n]] += self.hint_bias
+        return out
+
     def __call__(self, logits: np.ndarray) -> np.ndarray:
+        if self.hint_bias and self.source and self.scanner.bare_member in self.hints:
+            return self._follow_bare_hint(logits)
         if not self.source or not self.scanner.in_value:
             return logits
         partial = "".join(self.scanner.partial)
         out = np.array(logits, copy=True)
         n = out.shape[0]
+        hinted = bool(self.hint_bias) and self.scanner.member in self.hints
         if not partial:
             out[self.start_ids[self.start_ids < n]] += self.start_bias
             out[self.salient_ids[self.salient_ids < n]] += self.salient_bias
             if self.reuse_penalty and self.scanner.values:
                 self._penalise_reuse(out)
+            if hinted:
+                self._follow_hint(out, partial)
             return out
         cont: set[int] = set()
         cross: set[int] = set()  # continuations onto the next word of unquoted text
@@ -261,4 +357,6 @@ class CopyBias:
             out[ids[ids < n]] += self.continue_bias - self.word_penalty
         if closes:
             out[self.close_ids[self.close_ids < n]] += self.close_bias
+        if hinted:
+            self._follow_hint(out, partial)
         return out

@@ -219,6 +219,13 @@ class Engine:
         self.last_prompt_logits: np.ndarray | None = None  # next-token logits after the last prompt (tests)
         self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0,
                       "splice_declined": 0, "validations": 0, "validation_fallbacks": 0, "warm_head_hits": 0}
+        # the slot reader (services/engine/slots.py) loads here, not on the first turn (torch import ~2 s)
+        self._slots = None
+        if config.copy_bias and config.slot_hint_bias and config.slot_model:
+            from services.engine.slots import load_slots
+
+            self._slots = load_slots(config.slot_model, threads=config.slot_threads,
+                                     candidates=config.slot_candidates)
 
     def close(self) -> None:
         with self.lock:
@@ -251,8 +258,15 @@ class Engine:
             self._copy_bias = CopyBias(self._pieces(), start_bias=c.copy_start_bias,
                                        continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias,
                                        salient_bias=c.copy_salient_bias, span_penalty=c.copy_span_penalty,
-                                       reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty)
+                                       reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty,
+                                       hint_bias=c.slot_hint_bias)
         return self._copy_bias
+
+    def slot_hints(self, tool, source: str) -> dict[str, tuple[int, int]]:
+        """The slot reader's spans of ``source`` for ``tool``'s parameters ({} without a reader)."""
+        if self._slots is None:
+            return {}
+        return {k: (h.start, h.end) for k, h in self._slots.hints(tool, source).items()}
 
     def _token_text(self, tok: int) -> str:
         if tok < 0:
@@ -580,7 +594,7 @@ class Engine:
             closer.active = closer.in_string = False
             copier = self._copier()
             if copier is not None:
-                copier.begin(source)
+                copier.begin(source, self.slot_hints(arts.tool, source))
             # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
             # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
             hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])

@@ -248,6 +248,11 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
                           "split_rule": "tune = lines whose id number is divisible by 4 (all prompt/IR/decoding "
                                         "tuning used only these, seed 1); heldout = all other lines",
                           "model": str(engine.model_path), "n_ctx": n_ctx,
+                          "slot_reader": None if engine._slots is None else {
+                              "path": cfg.slot_model, "hint_bias": cfg.slot_hint_bias,
+                              **{k: engine._slots.meta.get(k) for k in ("data_hash", "threshold", "n_train_lines",
+                                                                        "val_stated_exact", "val_hint_precision")},
+                              "trained_on": "data/routing_augment only; threshold on the tune split"},
                           "note": "prefix_cached rows are grouped by server; the first query of each server "
                                   "pays the cold prefill and is excluded from its latency median"}
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)

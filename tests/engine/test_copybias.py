@@ -134,3 +134,119 @@ def test_running_on_into_unquoted_words_costs_but_quoted_text_flows():
     cb.feed('", "q": "my')
     out = cb(np.zeros(len(pieces), dtype=np.float32))
     assert out[pieces.index(" phrase")] == 5.0  # inside quotes: the full continuation bias
+
+
+HINT_PIECES = ["octo", "-org", "/", "web", "-app", "bug", '"', '",', "{", "}"]
+
+
+def hid(name):
+    return HINT_PIECES.index(name)
+
+
+def test_scanner_names_the_top_level_member_being_written_and_none_for_nested_values():
+    sc = JsonValueScanner()
+    sc.feed('{"owner": "oc')
+    assert sc.member == "owner"
+    sc.feed('to", "files": [{"path": "a')
+    assert sc.in_value and sc.member == ""  # nested: no top-level member
+    sc.feed('"}], "repo": "')
+    assert sc.member == "repo"
+
+
+def test_slot_hint_steers_the_member_onto_its_span_and_closes_it_there():
+    source = "label 'bug' details, octo-org/web-app"
+    cb = CopyBias(HINT_PIECES, start_bias=2.0, continue_bias=5.0, close_bias=3.0, hint_bias=6.0)
+    cb.begin(source, {"owner": (source.index("octo"), source.index("/web")),
+                      "repo": (source.index("web"), len(source))})
+    cb.feed('{"owner": "')
+    out = cb(np.zeros(len(HINT_PIECES), dtype=np.float32))
+    assert out[hid("octo")] > out[hid("bug")] and out[hid("octo")] > out[hid("web")]
+    cb.feed("octo-org")
+    out = cb(np.zeros(len(HINT_PIECES), dtype=np.float32))
+    assert out[hid('"')] > out[hid("/")]  # the hinted span ends before the slash
+    cb.feed('", "repo": "')
+    out = cb(np.zeros(len(HINT_PIECES), dtype=np.float32))
+    assert out[hid("web")] > out[hid("bug")] and out[hid("web")] > out[hid("octo")]
+
+
+def test_slot_hints_do_nothing_without_a_hint_bias_or_off_the_span():
+    source = "label 'bug' details, octo-org/web-app"
+    hints = {"owner": (source.index("octo"), source.index("/web"))}
+    plain, hinted = CopyBias(HINT_PIECES), CopyBias(HINT_PIECES, hint_bias=6.0)
+    plain.begin(source)
+    hinted.begin(source, hints)
+    for cb in (plain, hinted):
+        cb.feed('{"owner": "bug')  # the model chose another span: the hint no longer applies
+    z = np.zeros(len(HINT_PIECES), dtype=np.float32)
+    assert np.array_equal(plain(z), hinted(z))
+    off = CopyBias(HINT_PIECES, hint_bias=0.0)
+    off.begin(source, hints)
+    off.feed('{"owner": "')
+    plain.begin(source)
+    plain.feed('{"owner": "')
+    assert np.array_equal(off(z), plain(z))
+
+
+def test_slot_hints_outside_the_source_are_dropped():
+    cb = CopyBias(HINT_PIECES, hint_bias=6.0)
+    cb.begin("short", {"owner": (2, 99), "repo": (3, 3), "x": (0, 5)})
+    assert cb.hints == {"x": (0, 5)}
+
+
+NUM_PIECES = ["12", "1", "80", "800", " 1", "0", ",", "}", ' "', "{", "5"]
+
+
+def test_scanner_follows_a_bare_top_level_number():
+    sc = JsonValueScanner()
+    sc.feed('{"width": ')
+    assert sc.bare_member == "width" and sc.bare == []
+    sc.feed("12")
+    assert "".join(sc.bare) == "12"
+    sc.feed('80, "name": "x')
+    assert sc.bare_member == "" and sc.member == "name"
+    sc.feed('", "files": [{"size": 3')
+    assert sc.bare_member == ""  # nested
+
+
+def test_number_hint_steers_the_digits_and_ends_the_number():
+    source = "capture #pricing-table at 1280 by 800"
+    cb = CopyBias(NUM_PIECES, hint_bias=6.0)
+    cb.begin(source, {"width": (source.index("1280"), source.index("1280") + 4),
+                      "height": (source.index("800"), source.index("800") + 3)})
+    cb.feed('{"width": ')
+    out = cb(np.zeros(len(NUM_PIECES), dtype=np.float32))
+    assert out[NUM_PIECES.index("12")] == 6.0 and out[NUM_PIECES.index(" 1")] == 6.0
+    assert out[NUM_PIECES.index("800")] == 0.0
+    cb.feed("1280")
+    out = cb(np.zeros(len(NUM_PIECES), dtype=np.float32))
+    assert out[NUM_PIECES.index(",")] == 6.0 and out[NUM_PIECES.index("0")] == 0.0
+    cb.feed(', "height": ')
+    out = cb(np.zeros(len(NUM_PIECES), dtype=np.float32))
+    assert out[NUM_PIECES.index("800")] == 6.0 and out[NUM_PIECES.index("12")] == 0.0
+
+
+def test_a_hint_that_is_not_a_number_leaves_a_number_member_alone():
+    source = "about 8 options"
+    cb = CopyBias(NUM_PIECES, hint_bias=6.0)
+    cb.begin(source, {"count": (6, 15)})  # "8 options"
+    cb.feed('{"count": ')
+    z = np.zeros(len(NUM_PIECES), dtype=np.float32)
+    assert np.array_equal(cb(z), z)
+
+
+def test_string_hint_reaches_tokens_that_open_the_string_and_running_past_its_end_costs():
+    pieces = ['"', ' "', '"trans', ' "driv', "transit", "/", '",', "octo", "-org"]
+    source = "directions from Union Station by transit, octo-org/web"
+    cb = CopyBias(pieces, hint_bias=6.0)
+    t = source.index("transit")
+    cb.begin(source, {"mode": (t, t + 7), "owner": (source.index("octo"), source.index("/web"))})
+    cb.feed('{"mode": ')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index('"trans')] == 6.0 and out[pieces.index(' "driv')] == 0.0
+    plain = CopyBias(pieces)
+    plain.begin(source)
+    for c in (cb, plain):
+        c.feed('"transit", "owner": "octo-org')
+    z = np.zeros(len(pieces), dtype=np.float32)
+    gap, plain_gap = (c(z)[pieces.index('",')] - c(z)[pieces.index("/")] for c in (cb, plain))
+    assert gap - plain_gap == 12.0  # the hint: +6 to close, -6 to run on

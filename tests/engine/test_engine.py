@@ -85,3 +85,18 @@ def test_four_threads_give_bit_identical_outputs(engine):
     for th in threads:
         th.join()
     assert [got[i] for i in range(len(jobs))] == [expected[q] for q, _ in jobs]
+
+
+def test_slot_reader_hints_steer_each_value_to_its_own_span(engine):
+    """The trained slot reader (var/models/slots, from `make models`) says which span states which parameter;
+    the copy bias holds each value to it (owner/repo of "octo/demo" are two values, not one: the model alone
+    wrote "octo/demo" as the owner)."""
+    assert engine._slots is not None, "no slot reader at var/models/slots: run `make setup`"
+    query = "open a pull request from feature-x into main in octo/demo"
+    tool = engine.store.registry_get("github_create_pull_request")
+    hints = {k: query[a:b] for k, (a, b) in engine.slot_hints(tool, query).items()}
+    assert hints.get("owner") == "octo" and hints.get("repo") == "demo"
+    _, result = run(engine, query, "github_create_pull_request")
+    args = json.loads(result.arguments_json)
+    assert (args["owner"], args["repo"]) == ("octo", "demo")
+    assert result.schema_valid

@@ -1,0 +1,326 @@
+"""Training of the slot reader (services/engine/slots.py): ``nexus train-slots``.
+
+Examples come from query lines (``{"tool","query","args","history"}``): for each parameter of the line's tool
+that a span can state, the question is ``slot_question`` and the answer is the gold value's span in the request
+text (a positive), or "not stated" (the [CLS] position) when the line does not set it. A stated value that is
+not a span of the request (``Tokyo`` -> ``Asia/Tokyo``) is left out: the reader cannot point at it.
+
+Data discipline: the reader trains on the *augment* lines (``data/routing_augment``, written from the schemas
+alone) and picks its threshold on the **tune** split of the query file (``services.evals.args.tune_split``);
+it never sees the held-out split that ``nexus eval args`` reports on. Deterministic for a seed on one machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.common.tools import Tool
+from services.engine.prompt import Turn, prune_history
+from services.engine.slots import (
+    SLOTS_FORMAT,
+    best_spans,
+    clean_span,
+    slot_context,
+    slot_params,
+    slot_question,
+)
+
+log = logging.getLogger("nexus.engine.slots")
+
+
+@dataclass(frozen=True)
+class SlotHyperParams:
+    epochs: int = 3
+    lr: float = 5e-5
+    batch_size: int = 16
+    max_len: int = 192
+    max_negatives: int = 2  # unstated parameters sampled per line
+    warmup: float = 0.1
+    seed: int = 0
+    history_turns: int = 4  # the engine's pruned window (EngineConfig.history_turns / history_turn_chars)
+    history_turn_chars: int = 400
+
+
+@dataclass(frozen=True)
+class SlotExample:
+    line_id: str
+    param: str
+    question: str
+    context: str
+    start: int  # character span of the answer in context; -1 = not stated
+    end: int
+
+
+def request_source(query: str, history: Sequence[tuple[str, str]], hp: SlotHyperParams) -> str:
+    """The text the engine's copy bias copies from: the pruned window's turns and the request, one per line."""
+    window = prune_history([Turn(r, c) for r, c in history], hp.history_turns, hp.history_turn_chars)
+    return "\n".join([t.content for t in window] + [query])
+
+
+def _value_text(v: Any) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, str)):
+        return str(v).strip() or None
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else repr(v)
+    return None
+
+
+def find_value(context: str, value: str) -> tuple[int, int] | None:
+    """Where ``value`` is stated in ``context``: an occurrence bounded by non-word characters if there is one
+    (``octo-org`` in ``octo-org/web-app``, not ``org`` inside ``octo-org``), in the last line (the request)
+    before the history, else any occurrence."""
+    occ = []
+    p = context.find(value)
+    while p >= 0:
+        occ.append(p)
+        p = context.find(value, p + 1)
+    if not occ:
+        return None
+
+    def word(ch: str) -> bool:
+        return ch.isalnum() or ch in "-_"
+
+    def bounded(p: int) -> bool:
+        e = p + len(value)
+        return (p == 0 or not word(context[p - 1])) and (e == len(context) or not word(context[e]))
+
+    last_line = context.rfind("\n") + 1
+    for pool in ([p for p in occ if bounded(p) and p >= last_line], [p for p in occ if bounded(p)], occ):
+        if pool:
+            return pool[0], pool[0] + len(value)
+    return None
+
+
+def make_examples(lines: Sequence[Any], tools: dict[str, Tool], hp: SlotHyperParams,
+                  negatives: bool = True) -> list[SlotExample]:
+    rng = random.Random(hp.seed)
+    out: list[SlotExample] = []
+    for ln in lines:
+        tool = tools.get(ln.tool)
+        if tool is None:
+            continue
+        context, _ = slot_context(request_source(ln.query, ln.history, hp))
+        unstated = []
+        for name, prop in slot_params(tool):
+            q = slot_question(tool, name, prop)
+            if name not in ln.args:
+                unstated.append(SlotExample(ln.id, name, q, context, -1, -1))
+                continue
+            text = _value_text(ln.args[name])
+            span = find_value(context, text) if text else None
+            if span:
+                out.append(SlotExample(ln.id, name, q, context, span[0], span[1]))
+        if negatives:
+            rng.shuffle(unstated)
+            out.extend(unstated[: hp.max_negatives])
+    return out
+
+
+def _encode(tokenizer, batch: Sequence[SlotExample], max_len: int):
+    """Token tensors and the answer's token positions (0 = [CLS] = not stated, also when truncated away)."""
+    import torch
+
+    enc = tokenizer([e.question for e in batch], [e.context for e in batch], truncation="only_second",
+                    max_length=max_len, padding=True, return_offsets_mapping=True, return_tensors="pt")
+    offsets = enc.pop("offset_mapping").tolist()
+    starts, ends = [], []
+    for i, ex in enumerate(batch):
+        s = t = 0
+        if ex.start >= 0:
+            sids = enc.sequence_ids(i)
+            for j, (a, b) in enumerate(offsets[i]):
+                if sids[j] != 1:
+                    continue
+                if s == 0 and a <= ex.start < b:
+                    s = j
+                if a < ex.end <= b:
+                    t = j
+            if not (s and t and t >= s):
+                s = t = 0
+        starts.append(s)
+        ends.append(t)
+    return enc, torch.tensor(starts), torch.tensor(ends)
+
+
+def predict(model, tokenizer, examples: Sequence[SlotExample], max_len: int, bs: int = 64
+            ) -> list[tuple[int, int, float]]:
+    """(start char, end char, score) per example, as ``SlotModel.score`` computes them."""
+    import torch
+
+    res = []
+    model.eval()
+    with torch.inference_mode():
+        for k in range(0, len(examples), bs):
+            batch = examples[k:k + bs]
+            enc = tokenizer([e.question for e in batch], [e.context for e in batch], truncation="only_second",
+                            max_length=max_len, padding=True, return_offsets_mapping=True, return_tensors="pt")
+            offsets = enc.pop("offset_mapping").numpy()
+            out = model(**enc)
+            for i in range(len(batch)):
+                mask = np.array([sid == 1 for sid in enc.sequence_ids(i)], dtype=bool)
+                a, b, sc = best_spans(out.start_logits[i].numpy(), out.end_logits[i].numpy(), mask)
+                res.append((*clean_span(batch[i].context, int(offsets[i][a][0]), int(offsets[i][b][1])), sc))
+    return res
+
+
+def choose_threshold(examples: Sequence[SlotExample], preds: Sequence[tuple[int, int, float]]
+                     ) -> tuple[float, dict[str, float]]:
+    """The score threshold that maximises the reader's accuracy on validation (a stated parameter is right
+    when its span is hinted exactly, an unstated one when it gets no hint), with the figures at it."""
+    cands = sorted({round(p[2], 3) for p in preds} | {0.0})
+    best_t, best_acc = 0.0, -1.0
+    for t in cands:
+        acc = np.mean([_correct(e, p, t) for e, p in zip(examples, preds, strict=True)]) if examples else 0.0
+        if acc > best_acc:
+            best_t, best_acc = t, float(acc)
+    pos = [(e, p) for e, p in zip(examples, preds, strict=True) if e.start >= 0]
+    hinted = [(e, p) for e, p in pos if p[2] > best_t]
+    return best_t, {
+        "val_accuracy": best_acc,
+        "val_stated": len(pos),
+        "val_stated_exact": float(np.mean([_span_ok(e, p) for e, p in pos])) if pos else 0.0,
+        "val_stated_hinted": len(hinted) / len(pos) if pos else 0.0,
+        "val_hint_precision": float(np.mean([_span_ok(e, p) for e, p in hinted])) if hinted else 0.0,
+        "val_unstated": len(examples) - len(pos),
+    }
+
+
+def _span_ok(e: SlotExample, p: tuple[int, int, float]) -> bool:
+    return e.context[p[0]:p[1]].strip() == e.context[e.start:e.end].strip()
+
+
+def _correct(e: SlotExample, p: tuple[int, int, float], t: float) -> bool:
+    if e.start < 0:
+        return p[2] <= t
+    return p[2] > t and _span_ok(e, p)
+
+
+def data_hash(train: Sequence[SlotExample], val: Sequence[SlotExample], hp: SlotHyperParams, base: Path) -> str:
+    h = hashlib.sha256()
+    h.update(SLOTS_FORMAT.encode())
+    h.update(json.dumps(asdict(hp), sort_keys=True).encode())
+    h.update((base / "config.json").read_bytes())
+    for part in (train, val):
+        for e in part:
+            h.update(json.dumps(asdict(e), sort_keys=True).encode())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Sequence[Tool], out: str | Path,
+                hp: SlotHyperParams = SlotHyperParams(), base: str | Path = "", progress: bool = True,
+                force: bool = False) -> dict[str, Any]:
+    """Fine-tune the reader on ``train_lines``, choose its threshold on ``val_lines``, write ``out``.
+    Keeps an existing model whose data hash matches (unless ``force``)."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, get_linear_schedule_with_warmup
+
+    from services.common.models import resolve_embedder
+
+    base_dir = resolve_embedder(str(base))
+    by_name = {t.name: t for t in tools}
+    train = make_examples(train_lines, by_name, hp)
+    val = make_examples(val_lines, by_name, hp, negatives=True)
+    if not train:
+        raise ValueError("no slot examples in the training lines (do their tools exist in the registry?)")
+    digest = data_hash(train, val, hp, base_dir)
+    root = Path(out)
+    doc_path = root / "slots.json"
+    if not force and doc_path.is_file():
+        doc = json.loads(doc_path.read_text())
+        if doc.get("data_hash") == digest and (root / "reader").is_dir():
+            log.info("slot model at %s is up to date (%s)", root, digest)
+            return doc
+
+    t0 = time.time()
+    random.seed(hp.seed)
+    np.random.seed(hp.seed)
+    torch.manual_seed(hp.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
+    model = AutoModelForQuestionAnswering.from_pretrained(str(base_dir))
+    order = list(range(len(train)))
+    steps = hp.epochs * ((len(train) + hp.batch_size - 1) // hp.batch_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=0.01)
+    sched = get_linear_schedule_with_warmup(opt, int(hp.warmup * steps), steps)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    bar = tqdm(total=steps, desc="slot reader", unit="step", disable=not progress, file=sys.stderr)
+    losses: list[float] = []
+    model.train()
+    rng = random.Random(hp.seed)
+    for _ in range(hp.epochs):
+        rng.shuffle(order)
+        for k in range(0, len(order), hp.batch_size):
+            batch = [train[i] for i in order[k:k + hp.batch_size]]
+            enc, s, e = _encode(tokenizer, batch, hp.max_len)
+            o = model(**enc)
+            loss = (loss_fn(o.start_logits, s) + loss_fn(o.end_logits, e)) / 2
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+    bar.close()
+
+    preds = predict(model, tokenizer, val, hp.max_len)
+    threshold, figures = choose_threshold(val, preds)
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(str(tmp / "reader"))
+    tokenizer.save_pretrained(str(tmp / "reader"))
+    doc = {"format": SLOTS_FORMAT, "threshold": threshold, "max_len": hp.max_len, "data_hash": digest,
+           "hyper_params": asdict(hp), "n_train": len(train), "n_train_lines": len(train_lines),
+           "n_val": len(val), "n_val_lines": len(val_lines), "train_loss_last": float(np.mean(losses[-20:])),
+           "train_seconds": round(time.time() - t0, 1), **figures}
+    (tmp / "slots.json").write_text(json.dumps(doc, indent=2) + "\n")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+    log.info("slot model written to %s: threshold %.3f, validation %s", root, threshold, figures)
+    return doc
+
+
+def add_train_slots_parser(sub) -> None:
+    p = sub.add_parser("train-slots", help="fine-tune the engine's slot reader (argument span hints)")
+    p.add_argument("--queries", required=True, help="query lines (JSONL); their tune split picks the threshold")
+    p.add_argument("--tools", required=True, help="registry directory (MCP tool schemas)")
+    p.add_argument("--augment", required=True, help="training lines: a JSONL file or a directory of them")
+    p.add_argument("--out", default="var/models/slots")
+    p.add_argument("--epochs", type=int, default=SlotHyperParams.epochs)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="retrain even when the cached model's data matches")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    def run(args) -> int:
+        from services.evals.args import tune_split
+        from services.evals.data import load_queries, load_registry
+        from services.evals.routing_models import load_augment
+
+        registry = load_registry(args.tools)
+        tune, _ = tune_split(load_queries(args.queries))
+        doc = train_slots(load_augment(args.augment), tune, registry.tools, args.out,
+                          SlotHyperParams(epochs=args.epochs, seed=args.seed), progress=not args.quiet,
+                          force=args.force)
+        keys = ("threshold", "n_train", "n_val", "val_accuracy", "val_stated_exact", "val_stated_hinted",
+                "val_hint_precision", "train_seconds")
+        print(json.dumps({k: doc.get(k) for k in keys}, indent=2))
+        return 0
+
+    p.set_defaults(fn=run)
