@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="gate threads (torch and onnxruntime intra-op)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default="/tmp/embed_latency.json")
+    ap.add_argument("--json", default="/tmp/embed_latency.json", help="report path (a .png is written beside it)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -102,8 +102,33 @@ def main(argv: list[str] | None = None) -> int:
           f"load {load_start:.2f} -> {report['load_avg_1m_end']:.2f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.json}")
+    plot(samples, report, str(Path(args.json).with_suffix(".png")))
+    print(f"wrote {args.json} and its .png")
     return 0
+
+
+def plot(samples: dict[str, list[float]], report: dict, path: str) -> None:
+    """Latency CDF of both arms (log x), the p50s marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, s in samples.items():
+        a = np.sort(np.asarray(s) * 1e3)
+        ax.plot(a, np.arange(1, len(a) + 1) / len(a), label=f"{name}: p50 {report['arms'][name]['p50_ms']:.1f} ms, "
+                                                            f"p99 {report['arms'][name]['p99_ms']:.1f} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("single-request embed latency (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"Query encoder, one request, {report['threads']} thread(s): torch / ORT p50 = "
+                 f"{report['ratio_p50_torch_over_ort']:.2f}x, min cosine {report['min_cosine']:.6f}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

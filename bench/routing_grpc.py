@@ -102,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+            log_text = (Path(tmp) / "log").read_text()
+    # the router logs (WARNING and up) when a single request falls back to torch
+    backend = "torch" if "embedded with torch" in log_text or "onnxruntime is not installed" in log_text \
+        else "onnxruntime"
     rep = {
+        "query_encoder_backend": backend,
         "n_requests": len(lines), "registry_size": n_tools, "gate_model": str(args.gate), "torch_threads": args.threads,
         "rtt_ms_p50": pct(rtt, 50), "rtt_ms_p90": pct(rtt, 90), "rtt_ms_p99": pct(rtt, 99), "rtt_ms_max": max(rtt),
         "server_route_ms_p50": pct(server_ms, 50), "server_route_ms_p99": pct(server_ms, 99),
