@@ -28,14 +28,7 @@ import numpy as np
 
 from services.common.tools import Tool
 from services.engine.prompt import Turn, prune_history
-from services.engine.slots import (
-    SLOTS_FORMAT,
-    best_spans,
-    clean_span,
-    slot_context,
-    slot_params,
-    slot_question,
-)
+from services.engine.slots import SLOTS_FORMAT, read_spans, slot_context, slot_params, slot_question
 
 log = logging.getLogger("nexus.engine.slots")
 
@@ -158,22 +151,13 @@ def _encode(tokenizer, batch: Sequence[SlotExample], max_len: int):
 
 def predict(model, tokenizer, examples: Sequence[SlotExample], max_len: int, bs: int = 64
             ) -> list[tuple[int, int, float]]:
-    """(start char, end char, score) per example, as ``SlotModel.score`` computes them."""
-    import torch
-
-    res = []
+    """(start char, end char, score) of each example's best answer, as the engine reads it."""
     model.eval()
-    with torch.inference_mode():
-        for k in range(0, len(examples), bs):
-            batch = examples[k:k + bs]
-            enc = tokenizer([e.question for e in batch], [e.context for e in batch], truncation="only_second",
-                            max_length=max_len, padding=True, return_offsets_mapping=True, return_tensors="pt")
-            offsets = enc.pop("offset_mapping").numpy()
-            out = model(**enc)
-            for i in range(len(batch)):
-                mask = np.array([sid == 1 for sid in enc.sequence_ids(i)], dtype=bool)
-                a, b, sc = best_spans(out.start_logits[i].numpy(), out.end_logits[i].numpy(), mask)
-                res.append((*clean_span(batch[i].context, int(offsets[i][a][0]), int(offsets[i][b][1])), sc))
+    res = []
+    for k in range(0, len(examples), bs):
+        batch = examples[k:k + bs]
+        res.extend(spans[0] for spans in read_spans(model, tokenizer, [e.question for e in batch],
+                                                    [e.context for e in batch], max_len))
     return res
 
 

@@ -113,12 +113,6 @@ def top_spans(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np
     return out or [(0, 0, -np.inf)]
 
 
-def best_spans(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np.ndarray,
-               max_tokens: int = MAX_ANSWER_TOKENS) -> tuple[int, int, float]:
-    """The best span of ``top_spans``."""
-    return top_spans(start_logits, end_logits, context_mask, 1, max_tokens)[0]
-
-
 _QUOTES = "'\"`“”‘’"
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 
@@ -135,6 +129,26 @@ def clean_span(context: str, a: int, b: int) -> tuple[int, int]:
     while b > a and context[b - 1].isspace():
         b -= 1
     return a, b
+
+
+def read_spans(model, tokenizer, questions: list[str], contexts: list[str], max_len: int, k: int = 1
+               ) -> list[list[tuple[int, int, float]]]:
+    """For each (question, context): its ``k`` best answers as character spans of the context with their scores
+    (see top_spans, clean_span), best first. One batch; training's validation and the engine both read so."""
+    import torch
+
+    enc = tokenizer(questions, contexts, truncation="only_second", max_length=max_len, padding=True,
+                    return_offsets_mapping=True, return_tensors="pt")
+    offsets = enc.pop("offset_mapping").numpy()
+    with torch.inference_mode():
+        out = model(**enc)
+    starts, ends = out.start_logits.numpy(), out.end_logits.numpy()
+    res = []
+    for i, context in enumerate(contexts):
+        mask = np.array([sid == 1 for sid in enc.sequence_ids(i)], dtype=bool)
+        res.append([(*clean_span(context, int(offsets[i][a][0]), int(offsets[i][b][1])), sc)
+                    for a, b, sc in top_spans(starts[i], ends[i], mask, k)])
+    return res
 
 
 class SlotModel:
@@ -166,28 +180,15 @@ class SlotModel:
         return (root / "slots.json").is_file() and (root / "reader").is_dir()
 
     def score(self, questions: list[str], context: str, k: int = 1) -> list[list[tuple[int, int, float]]]:
-        """For each question: its ``k`` best answers, character spans in ``context`` with their scores
-        (see top_spans), best first."""
+        """For each question: its ``k`` best answers in ``context`` (see read_spans)."""
         if not questions:
             return []
         import torch
 
-        enc = self.tokenizer(questions, [context] * len(questions), truncation="only_second",
-                             max_length=self.max_len, padding=True, return_offsets_mapping=True,
-                             return_tensors="pt")
-        offsets = enc.pop("offset_mapping").numpy()
-        seq_ids = [enc.sequence_ids(i) for i in range(len(questions))]
-        with self._lock, torch.inference_mode():
+        with self._lock:
             if torch.get_num_threads() != self.threads and self.threads > 0:
                 torch.set_num_threads(self.threads)
-            out = self.model(**enc)
-        starts, ends = out.start_logits.numpy(), out.end_logits.numpy()
-        res = []
-        for i in range(len(questions)):
-            mask = np.array([sid == 1 for sid in seq_ids[i]], dtype=bool)
-            res.append([(*clean_span(context, int(offsets[i][a][0]), int(offsets[i][b][1])), sc)
-                        for a, b, sc in top_spans(starts[i], ends[i], mask, k)])
-        return res
+            return read_spans(self.model, self.tokenizer, questions, [context] * len(questions), self.max_len, k)
 
     def hints(self, tool: Tool, source: str) -> dict[str, Hint]:
         """Parameter name -> the span of ``source`` that states it, for the parameters the reader finds.

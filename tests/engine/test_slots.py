@@ -12,7 +12,7 @@ from services.engine.slot_training import (
     find_value,
     make_examples,
 )
-from services.engine.slots import best_spans, clean_span, slot_context, slot_params, slot_question
+from services.engine.slots import clean_span, slot_context, slot_params, slot_question, top_spans
 from services.evals.data import QueryLine
 
 TOOL = parse_tool({
@@ -27,13 +27,14 @@ TOOL = parse_tool({
         "labels": {"type": "array", "items": {"type": "string"}}}}})
 
 
-def test_best_span_is_the_best_pair_inside_the_context_scored_against_not_stated():
+def test_top_spans_are_the_best_pairs_inside_the_context_scored_against_not_stated():
     start = np.array([1.0, 0.0, 5.0, 0.0, 0.0])
     end = np.array([1.0, 9.0, 0.0, 0.0, 3.0])
     mask = np.array([False, False, True, True, True])  # token 1 is question text: never an answer
-    i, j, score = best_spans(start, end, mask)
+    (i, j, score), second = top_spans(start, end, mask, k=2)
     assert (i, j) == (2, 4) and score == pytest.approx(5 + 3 - 2)
-    i, j, _ = best_spans(start, end, mask, max_tokens=2)  # (2, 4) is 3 tokens long
+    assert second[2] <= score and (second[0], second[1]) != (2, 4)
+    i, j, _ = top_spans(start, end, mask, max_tokens=2)[0]  # (2, 4) is 3 tokens long
     assert j - i < 2
 
 
