@@ -74,6 +74,8 @@ class GateHyperParams:
     ce_max_len: int = 64
     ce_top_k: int = 5
     ce_head_lr_mult: float = 20.0
+    # the cross-encoder also trains on the extra (augment) lines, not only the real fit lines
+    ce_extra: bool = False
     alpha_grid: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
     # margin gate
     tau_percentile: float = 20.0
@@ -120,7 +122,9 @@ def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperP
     h = hashlib.sha256()
     h.update(TRAINING_VERSION.encode())
     h.update(base_fp.encode())
-    h.update(json.dumps(asdict(hp), sort_keys=True).encode())
+    # a switch at its default stays out of the hash (models trained before it existed keep their cache)
+    h.update(json.dumps({k: v for k, v in asdict(hp).items() if not (k == "ce_extra" and not v)},
+                        sort_keys=True).encode())
     for e in sorted(examples, key=lambda e: e.id):
         h.update(json.dumps([e.id, e.text, e.tool, sorted(e.positives)]).encode())
     for t in sorted(tools, key=lambda t: t.name):
@@ -473,9 +477,10 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
 
     index = SemanticIndex(keys.shape[1])
     index.replace_all({n: keys[i] for i, n in enumerate(names)})
-    # the cross-encoder learns from the real lines only (extra lines teach the query encoder paraphrases; the
-    # cross-encoder's ~550 groups kept it cheap, and the fused gate is re-chosen on validation either way)
-    fit_vecs = _encode_eval(qenc, [e.text for e in fit_real])
+    # by default the cross-encoder learns from the real lines only (extra lines teach the query encoder
+    # paraphrases; ~550 groups keep it cheap); the fused gate is re-chosen on validation either way
+    ce_fit = fit_real + list(extra_examples) if hp.ce_extra else fit_real
+    fit_vecs = _encode_eval(qenc, [e.text for e in ce_fit])
     val_vecs = _encode_eval(qenc, [e.text for e in val]) if val else np.zeros((0, keys.shape[1]), np.float32)
     fit_cands = slb_rank(index, fit_vecs, hp.ce_negatives + 3)
     val_cands = slb_rank(index, val_vecs, hp.ce_top_k)
@@ -484,7 +489,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     margins = np.array([c[0][1] - c[1][1] for c in slb_rank(index, val_vecs, 2) if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
     ce_texts = {n: ce_tool_text(by_name[n]) for n in names}
-    ce, ce_report = train_cross_encoder(fit_real, val, fit_cands, val_cands, ce_texts, hp, progress)
+    ce, ce_report = train_cross_encoder(ce_fit, val, fit_cands, val_cands, ce_texts, hp, progress)
 
     # validation of the whole gated decision (the rule the router applies)
     gated_ok, escalated = 0, 0
