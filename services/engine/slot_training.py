@@ -2,8 +2,8 @@
 
 Examples come from query lines (``{"tool","query","args","history"}``): for each parameter of the line's tool
 that a span can state, the question is ``slot_question`` and the answer is the gold value's span in the request
-text (a positive), or "not stated" (the [CLS] position) when the line does not set it. A stated value that is
-not a span of the request (``Tokyo`` -> ``Asia/Tokyo``) is left out: the reader cannot point at it.
+text (a positive), or "no span" (the [CLS] position) when the line does not set it or sets it to a value that
+is not a span of the request (``Tokyo`` -> ``Asia/Tokyo``: the model maps it, the reader must not hint).
 
 Data discipline: the reader trains on the *augment* lines (``data/routing_augment``, written from the schemas
 alone) and picks its threshold on the **tune** split of the query file (``services.evals.args.tune_split``);
@@ -114,9 +114,12 @@ def make_examples(lines: Sequence[Any], tools: dict[str, Tool], hp: SlotHyperPar
                 unstated.append(SlotExample(ln.id, name, q, context, -1, -1))
                 continue
             text = _value_text(ln.args[name])
-            span = find_value(context, text) if text else None
-            if span:
-                out.append(SlotExample(ln.id, name, q, context, span[0], span[1]))
+            if not text:
+                continue  # a boolean, list or object: not a span's job
+            span = find_value(context, text)
+            # a stated value that is no span of the request (Tokyo -> "Asia/Tokyo") is answered "no span": the
+            # reader must not hint "Tokyo" where the model has to map it
+            out.append(SlotExample(ln.id, name, q, context, *(span or (-1, -1))))
         if negatives:
             rng.shuffle(unstated)
             out.extend(unstated[: hp.max_negatives])
