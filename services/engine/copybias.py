@@ -28,14 +28,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-_QUOTES = "'\"`“”‘’"
-_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+QUOTES = "'\"`“”‘’"
+NUMBER = re.compile(r"-?\d+(\.\d+)?")  # a JSON number as a request states it
 
 
 def _salient(source: str, p: int) -> bool:
     """Spans that are almost always values when a request contains them: quoted text, and tokens that look
     like identifiers (paths, URLs, owner/repo, key:name, dotted names, numbers)."""
-    if p > 0 and source[p - 1] in _QUOTES:
+    if p > 0 and source[p - 1] in QUOTES:
         return True
     end = p
     while end < len(source) and not source[end].isspace():
@@ -49,7 +49,7 @@ def _quoted_positions(source: str) -> np.ndarray:
     out = np.zeros(len(source) + 1, dtype=bool)
     inside = False
     for i, ch in enumerate(source):
-        if ch in _QUOTES:
+        if ch in QUOTES:
             before = source[i - 1] if i else " "
             after = source[i + 1] if i + 1 < len(source) else " "
             if not (before.isalnum() and after.isalnum()):
@@ -206,7 +206,7 @@ class CopyBias:
         salient: set[int] = set()
         self.starts_at = {}
         for p, ch in enumerate(source):
-            if not ch.isspace() and (p == 0 or not source[p - 1].isalnum()) and ch not in _QUOTES:
+            if not ch.isspace() and (p == 0 or not source[p - 1].isalnum()) and ch not in QUOTES:
                 here: set[int] = set()
                 self._prefix_ids(source[p:], here)
                 self.starts_at[p] = here
@@ -245,6 +245,20 @@ class CopyBias:
             ids = np.fromiter(stale, dtype=np.int64, count=len(stale))
             out[ids[ids < out.shape[0]]] -= self.reuse_penalty
 
+    @staticmethod
+    def _prefix_pieces(table: dict[str, list[int]], text: str, limit: int, lead: str = "") -> set[int]:
+        """Tokens of ``table`` whose text is ``lead`` + a prefix of ``text`` (prefixes up to ``limit`` chars)."""
+        out: set[int] = set()
+        for k in range(1, min(len(text), limit) + 1):
+            out.update(table.get(lead + text[:k], ()))
+        return out
+
+    @staticmethod
+    def _add(out: np.ndarray, ids_set: set[int], amount: float) -> None:
+        if ids_set:
+            ids = np.fromiter(ids_set, dtype=np.int64, count=len(ids_set))
+            out[ids[ids < out.shape[0]]] += amount
+
     def _follow_hint(self, out: np.ndarray, partial: str) -> None:
         """The slot reader's span for the member being written: its next tokens (or, once the value is the
         whole span, the closing quote) gain ``hint_bias``. A value that has left the span is left alone."""
@@ -258,12 +272,8 @@ class CopyBias:
             out[keep] += self.hint_bias
             out[~keep] -= self.hint_bias
             return
-        ids_set: set[int] = set()
-        for k in range(1, min(end - start - len(partial), self.max_len) + 1):
-            ids_set.update(self.by_text.get(self.source[start + len(partial):start + len(partial) + k], ()))
-        if ids_set:
-            ids = np.fromiter(ids_set, dtype=np.int64, count=len(ids_set))
-            out[ids[ids < n]] += self.hint_bias
+        self._add(out, self._prefix_pieces(self.by_text, self.source[start + len(partial):end], self.max_len),
+                  self.hint_bias)
 
     def _follow_bare_hint(self, logits: np.ndarray) -> np.ndarray:
         """A hinted member whose value is due or being written outside a string: a number's digits (a leading
@@ -272,14 +282,12 @@ class CopyBias:
         start, end = self.hints[self.scanner.bare_member]
         text = self.source[start:end]
         partial = "".join(self.scanner.bare or [])
-        ids_set: set[int] = set()
         out = np.array(logits, copy=True)
         n = out.shape[0]
-        if not _NUMBER.fullmatch(text):
+        if not NUMBER.fullmatch(text):
             if partial:
                 return logits
-            for k in range(1, min(len(text), self.max_len) + 1):
-                ids_set.update(self.open_text.get(text[:k], ()))
+            ids_set = self._prefix_pieces(self.open_text, text, self.max_len)
         elif not text.startswith(partial):
             return logits
         elif len(partial) == len(text):
@@ -287,13 +295,10 @@ class CopyBias:
             return out
         else:
             rest = text[len(partial):]
-            for k in range(1, len(rest) + 1):
-                ids_set.update(self.by_text.get(rest[:k], ()))
-                if not partial:
-                    ids_set.update(self.by_text.get(" " + rest[:k], ()))
-        if ids_set:
-            ids = np.fromiter(ids_set, dtype=np.int64, count=len(ids_set))
-            out[ids[ids < n]] += self.hint_bias
+            ids_set = self._prefix_pieces(self.by_text, rest, len(rest))
+            if not partial:
+                ids_set |= self._prefix_pieces(self.by_text, rest, len(rest), lead=" ")
+        self._add(out, ids_set, self.hint_bias)
         return out
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
@@ -325,7 +330,7 @@ class CopyBias:
             else:
                 self._prefix_ids(rest, cont)
             # the span ends where the request ends, at a quote mark, or at sentence punctuation
-            if not rest or rest[0] in _QUOTES or _sentence_end(rest) or rest[0] == ",":
+            if not rest or rest[0] in QUOTES or _sentence_end(rest) or rest[0] == ",":
                 closes = True
             # an identifier-like word (path, selector, owner/repo, key:name) ends at whitespace
             elif rest[0].isspace() and _identifier_like(partial.rsplit(None, 1)[-1] if partial.strip() else ""):
@@ -348,13 +353,9 @@ class CopyBias:
             if closes or at_boundary:
                 keep[self.close_ids[self.close_ids < n]] = True
             out[~keep] -= self.span_penalty
-        if cont:
-            ids = np.fromiter(cont, dtype=np.int64, count=len(cont))
-            out[ids[ids < n]] += self.continue_bias
-        cross -= cont
-        if cross:  # multi-word values are mostly quoted text: running on into the sentence costs a little
-            ids = np.fromiter(cross, dtype=np.int64, count=len(cross))
-            out[ids[ids < n]] += self.continue_bias - self.word_penalty
+        self._add(out, cont, self.continue_bias)
+        # multi-word values are mostly quoted text: running on into the sentence costs a little
+        self._add(out, cross - cont, self.continue_bias - self.word_penalty)
         if closes:
             out[self.close_ids[self.close_ids < n]] += self.close_bias
         if hinted:

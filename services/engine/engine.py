@@ -41,7 +41,7 @@ from services.compiler.kvblock import PromptSegments
 from services.compiler.signature import signature
 from services.engine.config import EngineConfig
 from services.engine.copybias import CopyBias
-from services.engine.prompt import Turn, prune_history
+from services.engine.prompt import Turn, copy_source, prune_history
 from services.engine.sampling import GrammarSampler
 from services.engine.splice import LIVE_SEQ, kl_divergence, recompute_fraction
 
@@ -367,7 +367,7 @@ class Engine:
             self._turns += 1
             # the sidecar needs a second copy of the prompt's cells in the shared KV cache
             validate = validate and 2 * len(seg.tokens) + limit <= self.n_ctx
-            source = "\n".join([t.content for t in self.window(history)] + [query])
+            source = copy_source(query, self.window(history))
             yield from self._turn(seg, arts, limit, t0, plan, validate=validate and plan.path == PATH_SPLICE,
                                   source=source)
 

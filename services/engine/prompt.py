@@ -65,6 +65,12 @@ def prune_history(history: Sequence[Turn], max_turns: int, turn_chars: int) -> l
     return out
 
 
+def copy_source(query: str, window: Sequence[Turn]) -> str:
+    """The text stated values are copied from (copy bias, slot reader): the pruned window's turns and the
+    request, one per line."""
+    return "\n".join([t.content for t in window] + [query])
+
+
 def prefix_messages() -> list[dict[str, str]]:
     """The constant head of every prompt: system + worked examples."""
     msgs = [{"role": "system", "content": SYSTEM}]

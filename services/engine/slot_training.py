@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from services.common.tools import Tool
-from services.engine.prompt import Turn, prune_history
+from services.engine.prompt import Turn, copy_source, prune_history
 from services.engine.slots import SLOTS_FORMAT, read_spans, slot_context, slot_params, slot_question
 
 log = logging.getLogger("nexus.engine.slots")
@@ -57,9 +57,9 @@ class SlotExample:
 
 
 def request_source(query: str, history: Sequence[tuple[str, str]], hp: SlotHyperParams) -> str:
-    """The text the engine's copy bias copies from: the pruned window's turns and the request, one per line."""
+    """The text the engine copies from for this line (``copy_source`` over the engine's pruned window)."""
     window = prune_history([Turn(r, c) for r, c in history], hp.history_turns, hp.history_turn_chars)
-    return "\n".join([t.content for t in window] + [query])
+    return copy_source(query, window)
 
 
 def _value_text(v: Any) -> str | None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from services.common.tools import Tool
+from services.engine.copybias import NUMBER, QUOTES
 
 log = logging.getLogger("nexus.engine.slots")
 
@@ -113,14 +114,10 @@ def top_spans(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np
     return out or [(0, 0, -np.inf)]
 
 
-_QUOTES = "'\"`“”‘’"
-_NUMBER = re.compile(r"-?\d+(\.\d+)?")
-
-
 def clean_span(context: str, a: int, b: int) -> tuple[int, int]:
     """A span that opens right after a quote mark ends at the closing one (the reader sometimes runs a quoted
     value on: ``bug' details``), and loses surrounding whitespace."""
-    if 0 < a < b and context[a - 1] in _QUOTES:
+    if 0 < a < b and context[a - 1] in QUOTES:
         close = context.find(context[a - 1], a, b)
         if close > a:
             b = close
@@ -206,7 +203,7 @@ class SlotModel:
             for a, b, sc in spans:
                 if sc <= self.threshold or b <= a:
                     continue
-                if slot_type(prop) in ("integer", "number") and not _NUMBER.fullmatch(context[a:b]):
+                if slot_type(prop) in ("integer", "number") and not NUMBER.fullmatch(context[a:b]):
                     continue  # a number parameter is stated by a number, not by the reader's nearest words
                 cands.append((sc, name, a, b))
         out: dict[str, Hint] = {}
