@@ -162,7 +162,7 @@ compose-config:  ## validate deploy/docker-compose.yml (no Docker engine needed)
 	REDIS_PASSWORD=$${REDIS_PASSWORD:-check} docker-compose -f deploy/docker-compose.yml config -q
 
 lint:  ## ruff
-	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench
+	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench data
 
 clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
 	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var

@@ -282,15 +282,20 @@ def synth_fn(per_tool: int, seed: int = 0):
 AUGMENT_DIR = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
 
 
-def augment_fn(exclude_server: str = ""):
+STAGING_DIR = Path(__file__).resolve().parents[1] / "data" / "augment_b2"  # a batch before it joins AUGMENT_DIR
+
+
+def augment_fn(exclude_server: str = "", batches: tuple[str, ...] = ("a-",)):
     """The hand-written paraphrase lines of data/routing_augment (written from the schemas only, never from
-    the evaluation's train.jsonl), as extra fit examples."""
+    the evaluation's train.jsonl), as extra fit examples: the batches whose ids start with ``batches``
+    (``a-`` = session 3's 1,352 lines, ``b-`` = session 5's, read from STAGING_DIR too while it exists)."""
     from services.evals.routing_models import load_augment
     from services.router.training import make_examples
 
     def make(R):
-        lines = [ln for ln in load_augment(AUGMENT_DIR) if ln.server != exclude_server]
-        return make_examples(lines, set(R.names), equivalents)
+        lines = {ln.id: ln for d in (AUGMENT_DIR, STAGING_DIR) if d.is_dir() for ln in load_augment(d)}
+        keep = [ln for i, ln in lines.items() if i.startswith(batches) and ln.server != exclude_server]
+        return make_examples(keep, set(R.names), equivalents)
     return make
 
 
@@ -307,13 +312,15 @@ VARIANTS: dict[str, tuple[int, dict, tuple[str, ...]]] = {
     "mk2ep5": (0, {"q_epochs": 5}, MK2),
     "mk2synth2": (2, {}, MK2),
     "aug": (-1, {}, ("name_desc",)),  # -1: the hand-written augment lines instead of templates
+    "aug2": (-2, {}, ("name_desc",)),  # -2: both hand-written batches
 }
 
 
 def exp_train(a, hp, Q, R, regs, te, train):
     per_tool, over, key_sets = VARIANTS[a.variant]
     hp = replace(hp, **over)
-    extra = augment_fn() if per_tool < 0 else synth_fn(per_tool, hp.seed) if per_tool else None
+    batches = ("a-", "b-") if per_tool == -2 else ("a-",)
+    extra = augment_fn(batches=batches) if per_tool < 0 else synth_fn(per_tool, hp.seed) if per_tool else None
     _, rep = encoder(a.variant, a.fold, train, R, hp, extra, key_sets)
     print(f"{a.variant}: {rep['seconds']} s, n_fit {rep['n_fit']}, best epoch {rep['best_epoch']}, "
           f"val {[round(h['val_slb_top1'], 3) for h in rep['history']]}", flush=True)

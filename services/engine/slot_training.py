@@ -42,6 +42,7 @@ class SlotHyperParams:
     max_negatives: int = 2  # unstated parameters sampled per line
     warmup: float = 0.1
     seed: int = 0
+    bucket: int = 50  # batches sorted by length within windows of this many batches (1 = plain shuffle)
     history_turns: int = 4  # the engine's pruned window (EngineConfig.history_turns / history_turn_chars)
     history_turn_chars: int = 400
 
@@ -124,6 +125,24 @@ def make_examples(lines: Sequence[Any], tools: dict[str, Tool], hp: SlotHyperPar
             rng.shuffle(unstated)
             out.extend(unstated[: hp.max_negatives])
     return out
+
+
+def length_batches(lengths: Sequence[int], batch_size: int, bucket: int, rng: random.Random) -> list[list[int]]:
+    """One epoch's batches: shuffle, sort by length inside windows of ``bucket`` batches, shuffle the batches.
+    Padding to the longest of a batch of random lengths costs ~1.9x the real tokens here; this costs ~1.1x,
+    and every batch is still a random draw from a window of ``bucket * batch_size`` examples."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = batch_size * max(1, bucket)
+    batches = []
+    for w in range(0, len(order), window):
+        part = order[w:w + window]
+        if bucket > 1:
+            part.sort(key=lambda i: lengths[i])
+        batches.extend(part[k:k + batch_size] for k in range(0, len(part), batch_size))
+    if bucket > 1:
+        rng.shuffle(batches)
+    return batches
 
 
 def _encode(tokenizer, batch: Sequence[SlotExample], max_len: int):
@@ -240,7 +259,8 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
     torch.manual_seed(hp.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     model = AutoModelForQuestionAnswering.from_pretrained(str(base_dir))
-    order = list(range(len(train)))
+    lengths = [len(ids) for ids in tokenizer([e.question for e in train], [e.context for e in train],
+                                             truncation="only_second", max_length=hp.max_len)["input_ids"]]
     steps = hp.epochs * ((len(train) + hp.batch_size - 1) // hp.batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=0.01)
     sched = get_linear_schedule_with_warmup(opt, int(hp.warmup * steps), steps)
@@ -249,11 +269,12 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
     losses: list[float] = []
     model.train()
     rng = random.Random(hp.seed)
+    padded = 0
     for _ in range(hp.epochs):
-        rng.shuffle(order)
-        for k in range(0, len(order), hp.batch_size):
-            batch = [train[i] for i in order[k:k + hp.batch_size]]
+        for idx in length_batches(lengths, hp.batch_size, hp.bucket, rng):
+            batch = [train[i] for i in idx]
             enc, s, e = _encode(tokenizer, batch, hp.max_len)
+            padded += enc["input_ids"].numel()
             o = model(**enc)
             loss = (loss_fn(o.start_logits, s) + loss_fn(o.end_logits, e)) / 2
             loss.backward()
@@ -276,7 +297,8 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
     doc = {"format": SLOTS_FORMAT, "threshold": threshold, "max_len": hp.max_len, "data_hash": digest,
            "hyper_params": asdict(hp), "n_train": len(train), "n_train_lines": len(train_lines),
            "n_val": len(val), "n_val_lines": len(val_lines), "train_loss_last": float(np.mean(losses[-20:])),
-           "train_seconds": round(time.time() - t0, 1), **figures}
+           "train_seconds": round(time.time() - t0, 1),
+           "train_padding": round(padded / max(1, hp.epochs * sum(lengths)), 3), **figures}
     (tmp / "slots.json").write_text(json.dumps(doc, indent=2) + "\n")
     shutil.rmtree(root, ignore_errors=True)
     tmp.rename(root)

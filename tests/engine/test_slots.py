@@ -10,6 +10,7 @@ from services.engine.slot_training import (
     SlotHyperParams,
     choose_threshold,
     find_value,
+    length_batches,
     make_examples,
 )
 from services.engine.slots import clean_span, slot_context, slot_params, slot_question, top_spans
@@ -69,6 +70,25 @@ def test_examples_point_at_stated_values_and_sample_unstated_parameters():
     assert pos == {"owner": "octo-org", "repo": "web-app", "name": "bug"}
     neg = [e.param for e in ex if e.start < 0]
     assert "per_page" in neg and len(neg) == 2  # stated as 5, not in the request: no span; + one unstated
+
+
+def test_length_batches_cover_every_example_once_and_pad_less_than_a_plain_shuffle():
+    import random
+
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in rng.integers(20, 190, size=1003)]
+    plain = length_batches(lengths, 16, 1, random.Random(0))
+    bucketed = length_batches(lengths, 16, 50, random.Random(0))
+    for batches in (plain, bucketed):
+        assert sorted(i for b in batches for i in b) == list(range(1003))
+        assert all(1 <= len(b) <= 16 for b in batches) and len(batches) == (1003 + 15) // 16
+
+    def padded(batches):
+        return sum(max(lengths[i] for i in b) * len(b) for b in batches)
+
+    assert padded(bucketed) < 0.7 * padded(plain)
+    assert bucketed == length_batches(lengths, 16, 50, random.Random(0))  # deterministic for a seed
+    assert bucketed != length_batches(lengths, 16, 50, random.Random(1))  # and a different draw per epoch
 
 
 def test_threshold_trades_hints_on_stated_against_silence_on_unstated():
