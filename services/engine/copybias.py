@@ -16,7 +16,10 @@ Grounded values (engine defaults; 99.3 % of the stated non-enum strings in the t
 * reuse penalty: a value starting where an earlier value of the call started loses ``reuse_penalty``;
 * word penalty: continuing onto the next word of *unquoted* text costs ``word_penalty`` of the continue bias;
 * slot hints: for a top-level parameter the slot reader (services/engine/slots.py) says a span states, the
-  tokens that follow that span, and the closing quote at its end, gain ``hint_bias`` while its value is written.
+  tokens that follow that span, and the closing quote at its end, gain ``hint_bias`` while its value is written;
+* key steering: while a top-level key is written, the tokens that spell a hinted parameter not yet written gain
+  ``key_bias``, and those that spell only *silent* ones (parameters the reader read and found unstated) lose it
+  (the 135M model otherwise writes the run id under ``job_id`` or drops ``commit_title`` for ``commit_message``).
 
 The grammar still decides what is legal (enums, formats), so the bias can only choose among valid tokens.
 Character-level matching: the request and the value tokenize differently (" EU" vs "EU" after a quote)."""
@@ -24,7 +27,7 @@ Character-level matching: the request and the value tokenize differently (" EU" 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -91,6 +94,7 @@ class JsonValueScanner:
         self.key = ""  # the last key completed
         self.key_depth = 0  # nesting depth ("{" / "[" count) at which it was written
         self.bare: list[str] | None = None  # text of a top-level number/literal value being written
+        self.top_keys: list[str] = []  # top-level keys written so far
 
     @property
     def member(self) -> str:
@@ -106,6 +110,15 @@ class JsonValueScanner:
     def in_value(self) -> bool:
         return self.in_string and not self.is_key
 
+    @property
+    def top_key(self) -> str | None:
+        """The text so far of a top-level key being written ("" when one is due but not opened), else None."""
+        if len(self.stack) != 1:
+            return None
+        if self.in_string:
+            return "".join(self.partial) if self.is_key else None
+        return "" if self.expect_key and self.bare is None else None
+
     def feed(self, text: str) -> None:
         for ch in text:
             if self.in_string:
@@ -119,6 +132,8 @@ class JsonValueScanner:
                     if self.is_key:
                         self.expect_key = False
                         self.key, self.key_depth = "".join(self.partial), len(self.stack)
+                        if self.key_depth == 1:
+                            self.top_keys.append(self.key)
                     else:
                         self.values.append("".join(self.partial))
                 else:
@@ -150,9 +165,9 @@ class CopyBias:
     def __init__(self, pieces: list[str], *, start_bias: float = 2.0, continue_bias: float = 5.0,
                  close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
                  reuse_penalty: float = 0.0, word_penalty: float = 0.0, hint_bias: float = 0.0,
-                 max_piece_chars: int = 24):
+                 key_bias: float = 0.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
-        self.hint_bias = hint_bias
+        self.hint_bias, self.key_bias = hint_bias, key_bias
         self.salient_bias = salient_bias
         self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
         self.by_text: dict[str, list[int]] = {}
@@ -185,6 +200,7 @@ class CopyBias:
         self.starts_at: dict[int, set[int]] = {}
         self.quoted = np.zeros(0, dtype=bool)
         self.hints: dict[str, tuple[int, int]] = {}
+        self.silent: frozenset[str] = frozenset()
         self.scanner = JsonValueScanner()
 
     def _prefix_ids(self, rest: str, out: set[int]) -> None:
@@ -195,12 +211,15 @@ class CopyBias:
             if ids:
                 out.update(ids)
 
-    def begin(self, source: str, hints: Mapping[str, tuple[int, int]] | None = None) -> None:
+    def begin(self, source: str, hints: Mapping[str, tuple[int, int]] | None = None,
+              silent: Iterable[str] = ()) -> None:
         """A new request. ``hints``: top-level parameter -> the (start, end) span of ``source`` the slot reader
         says states it (services/engine/slots.py); while that parameter's value is written, the tokens that
-        follow the span gain ``hint_bias`` and, at its end, so does the closing quote."""
+        follow the span gain ``hint_bias`` and, at its end, so does the closing quote. ``silent``: parameters
+        the reader read and found unstated (their keys lose ``key_bias``; hinted keys gain it)."""
         self.source = source
         self.hints = {k: (int(a), int(b)) for k, (a, b) in (hints or {}).items() if 0 <= a < b <= len(source)}
+        self.silent = frozenset(silent) - set(self.hints)
         self.scanner = JsonValueScanner()
         starts: set[int] = set()
         salient: set[int] = set()
@@ -301,7 +320,33 @@ class CopyBias:
         self._add(out, ids_set, self.hint_bias)
         return out
 
+    def _steer_key(self, logits: np.ndarray, partial: str) -> np.ndarray:
+        """A top-level key is due (``partial`` = "") or being written: tokens spelling on toward a hinted key
+        not written yet gain ``key_bias``; tokens that lead only toward silent keys lose it."""
+        done = set(self.scanner.top_keys)
+        table = self.by_text if partial or self.scanner.in_string else self.open_text
+
+        def spelling(keys) -> set[int]:
+            ids: set[int] = set()
+            for k in keys:
+                if k not in done and k.startswith(partial) and len(k) > len(partial):
+                    ids |= self._prefix_pieces(table, k[len(partial):], self.max_len)
+            return ids
+
+        want = spelling(self.hints)
+        avoid = spelling(self.silent) - want
+        if not want and not avoid:
+            return logits
+        out = np.array(logits, copy=True)
+        self._add(out, want, self.key_bias)
+        self._add(out, avoid, -self.key_bias)
+        return out
+
     def __call__(self, logits: np.ndarray) -> np.ndarray:
+        if self.key_bias and self.source and (self.hints or self.silent):
+            partial = self.scanner.top_key
+            if partial is not None:
+                return self._steer_key(logits, partial)
         if self.hint_bias and self.source and self.scanner.bare_member in self.hints:
             return self._follow_bare_hint(logits)
         if not self.source or not self.scanner.in_value:

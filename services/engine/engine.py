@@ -259,7 +259,7 @@ class Engine:
                                        continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias,
                                        salient_bias=c.copy_salient_bias, span_penalty=c.copy_span_penalty,
                                        reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty,
-                                       hint_bias=c.slot_hint_bias)
+                                       hint_bias=c.slot_hint_bias, key_bias=c.slot_key_bias)
         return self._copy_bias
 
     def slot_hints(self, tool, source: str) -> dict[str, tuple[int, int]]:
@@ -267,6 +267,16 @@ class Engine:
         if self._slots is None:
             return {}
         return {k: (h.start, h.end) for k, h in self._slots.hints(tool, source).items()}
+
+    def slot_silent(self, tool, hints) -> list[str]:
+        """The parameters the slot reader read and found no span for, leaving out enums (their values are
+        mapped from the wording, "newest first" -> DESC, which the reader answers "no span"); none without a
+        reader."""
+        if self._slots is None:
+            return []
+        from services.engine.slots import slot_params
+
+        return [k for k, p in slot_params(tool) if k not in hints and not p.get("enum")]
 
     def _token_text(self, tok: int) -> str:
         if tok < 0:
@@ -594,7 +604,8 @@ class Engine:
             closer.active = closer.in_string = False
             copier = self._copier()
             if copier is not None:
-                copier.begin(source, self.slot_hints(arts.tool, source))
+                hints = self.slot_hints(arts.tool, source)
+                copier.begin(source, hints, self.slot_silent(arts.tool, hints))
             # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
             # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
             hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])

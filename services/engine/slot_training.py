@@ -318,9 +318,11 @@ def add_train_slots_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(args) -> int:
+        from services.evals.routing_models import load_augment, prepare_training_env
+
+        prepare_training_env()  # before torch runs: passive OpenMP waits (spinning cost 3x next to another job)
         from services.evals.args import tune_split
         from services.evals.data import load_queries, load_registry
-        from services.evals.routing_models import load_augment
 
         registry = load_registry(args.tools)
         tune, _ = tune_split(load_queries(args.queries))

@@ -250,3 +250,45 @@ def test_string_hint_reaches_tokens_that_open_the_string_and_running_past_its_en
     z = np.zeros(len(pieces), dtype=np.float32)
     gap, plain_gap = (c(z)[pieces.index('",')] - c(z)[pieces.index("/")] for c in (cb, plain))
     assert gap - plain_gap == 12.0  # the hint: +6 to close, -6 to run on
+
+
+KEY_PIECES = ['{', '"', '"run', '"job', '_id', 'run', 'job', '":', ' 5', '55', ',', ' "', '"tail', '_lines', '}',
+              ' "run', '"owner', 'owner']
+
+
+def _kp(*names):
+    return [KEY_PIECES.index(n) for n in names]
+
+
+def test_key_steering_spells_hinted_keys_and_avoids_silent_ones():
+    src = "Why did run 555 in octo/app fail?"
+    cb = CopyBias(KEY_PIECES, key_bias=5.0)
+    cb.begin(src, {"run_id": (12, 15)}, silent=["job_id", "tail_lines", "run_id"])  # a hinted key is never silent
+    cb.feed("{")
+    out = cb(np.zeros(len(KEY_PIECES), dtype=np.float32))
+    assert out[_kp('"run')].tolist() == [5.0] and out[_kp('"job', '"tail')].tolist() == [-5.0, -5.0]
+    assert out[_kp('"', '"owner', '}')].tolist() == [0.0, 0.0, 0.0]  # neutral: a bare quote, other keys, closing
+    cb.feed('"')  # a bare quote opened the key: its text continues in plain pieces
+    out = cb(np.zeros(len(KEY_PIECES), dtype=np.float32))
+    assert out[_kp("run", "job", "owner")].tolist() == [5.0, -5.0, 0.0]
+    cb.feed('run')
+    out = cb(np.zeros(len(KEY_PIECES), dtype=np.float32))
+    assert out[_kp("_id")].tolist() == [5.0]
+    cb.feed('_id": 555, ')  # written: run_id is no longer wanted, its value is not a key
+    assert cb.scanner.top_keys == ["run_id"]
+    out = cb(np.zeros(len(KEY_PIECES), dtype=np.float32))
+    assert out[_kp('"run', '"job', '"tail')].tolist() == [0.0, -5.0, -5.0]
+
+
+def test_key_steering_is_off_without_a_bias_and_leaves_nested_keys_and_values_alone():
+    src = "Why did run 555 fail?"
+    cb = CopyBias(KEY_PIECES)
+    cb.begin(src, {"run_id": (8, 11)}, silent=["job_id"])
+    cb.feed("{")
+    assert not cb(np.zeros(len(KEY_PIECES), dtype=np.float32)).any()
+    cb = CopyBias(KEY_PIECES, key_bias=5.0)
+    cb.begin(src, {"run_id": (8, 11)}, silent=["job_id"])
+    cb.feed('{"opts": {')  # a nested object's keys are not parameters
+    assert not cb(np.zeros(len(KEY_PIECES), dtype=np.float32)).any()
+    cb.feed('"run')
+    assert cb.scanner.top_key is None

@@ -170,3 +170,16 @@ def test_number_parameters_take_only_numbers_and_scores_below_threshold_give_no_
     assert _reader_with(scores).hints(tool, q) == {}  # best span "5 seconds" is not a number: no hint
     hints = _reader_with(scores, candidates=2).hints(tool, q)
     assert {k: q[h.start:h.end] for k, h in hints.items()} == {"time": "5"}
+
+
+def test_silent_parameters_are_the_unhinted_ones_a_span_could_state_except_enums():
+    from types import SimpleNamespace
+
+    from services.engine.engine import Engine
+
+    hints = {"owner": (0, 4), "repo": (5, 9)}
+    silent = Engine.slot_silent(SimpleNamespace(_slots=object()), TOOL, hints)
+    # "state" is an enum: its value is mapped from the wording ("closed issues"), which the reader answers
+    # "no span", so its key must not be steered away from; booleans and arrays are not the reader's
+    assert silent == ["name", "per_page"]
+    assert Engine.slot_silent(SimpleNamespace(_slots=None), TOOL, hints) == []
