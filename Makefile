@@ -79,7 +79,7 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
 models: var/models/gate/gate.json var/models/slots/slots.json  ## train the router's gate + the engine's slot reader (once per machine; cached)
 AUGMENT := $(wildcard data/routing_augment/*.jsonl)
-var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT)
+var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) services/router/training.py
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
 		--out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)

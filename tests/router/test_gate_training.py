@@ -202,3 +202,15 @@ def test_single_query_fast_path_gives_the_encode_vector(tiny):
     qs = ["What time is it in Tokyo right now?", "get config:max_upload_mb", "x" * 2000]  # the last is truncated
     for q in qs:
         np.testing.assert_allclose(g.embed_query(q), g.embed_queries([q])[0], atol=2e-6)
+
+
+def test_the_cross_encoder_is_switched_on_only_for_a_real_validation_gain():
+    from services.router.training import CE_MIN_GAIN, choose_alpha
+
+    grid = (0.0, 0.05, 0.2, 0.5)
+    # session 5's production model: +1.4 points (2 of 144 lines) at 0.05 -> stays off
+    assert choose_alpha({"0.0": 0.743, "0.05": 0.757, "0.2": 0.736, "0.5": 0.653}, grid) == 0.0
+    # session 3's folds: +4-5 points at 0.2 -> on, at the smallest of the best weights
+    assert choose_alpha({"0.0": 0.69, "0.05": 0.70, "0.2": 0.74, "0.5": 0.74}, grid) == 0.2
+    assert choose_alpha({"0.0": 0.5, "0.05": 0.5 + CE_MIN_GAIN, "0.2": 0.5, "0.5": 0.4}, grid) == 0.05
+    assert choose_alpha({"0.0": 0.8, "0.05": 0.7, "0.2": 0.6, "0.5": 0.5}, grid) == 0.0
