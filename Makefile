@@ -73,8 +73,9 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 	touch $@
 
 # The router's gate model (fine-tuned query encoder + cross-encoder + calibrated tau), trained once per machine
-# from the shared training queries (10-20 min on 2 cores) into a cache outside the clone; `nexus train-gate`
-# keeps the cached model when its data/seed/hyper-parameter hash matches. var/models/gate (the router's
+# from the shared training queries + data/routing_augment (~20-35 min on 2 cores) into a cache outside the
+# clone; `nexus train-gate` keeps the cached model when its data/seed/hyper-parameter hash matches (and only
+# recalibrates it in place when the calibration changed). var/models/gate (the router's
 # default gate_model_dir) links to it.
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
 models: var/models/gate/gate.json var/models/slots/slots.json  ## train the router's gate + the engine's slot reader (once per machine; cached)
@@ -87,7 +88,7 @@ var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGME
 	touch $@
 
 # The engine's slot reader (which span of the request states which parameter): trained on the augment lines,
-# threshold on the query file's tune split, never on the held-out lines `nexus eval args` reports (~10 min).
+# threshold on the query file's tune split, never on the held-out lines `nexus eval args` reports (~20-30 min).
 var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/engine/slot_training.py services/engine/slots.py
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-slots --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
