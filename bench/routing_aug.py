@@ -282,19 +282,15 @@ def synth_fn(per_tool: int, seed: int = 0):
 AUGMENT_DIR = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
 
 
-STAGING_DIR = Path(__file__).resolve().parents[1] / "data" / "augment_b2"  # a batch before it joins AUGMENT_DIR
-
-
 def augment_fn(exclude_server: str = "", batches: tuple[str, ...] = ("a-",)):
     """The hand-written paraphrase lines of data/routing_augment (written from the schemas only, never from
     the evaluation's train.jsonl), as extra fit examples: the batches whose ids start with ``batches``
-    (``a-`` = session 3's 1,352 lines, ``b-`` = session 5's, read from STAGING_DIR too while it exists)."""
+    (``a-`` = session 3's 1,352 lines, ``b-`` = session 5's)."""
     from services.evals.routing_models import load_augment
     from services.router.training import make_examples
 
     def make(R):
-        lines = {ln.id: ln for d in (AUGMENT_DIR, STAGING_DIR) if d.is_dir() for ln in load_augment(d)}
-        keep = [ln for i, ln in lines.items() if i.startswith(batches) and ln.server != exclude_server]
+        keep = [ln for ln in load_augment(AUGMENT_DIR) if ln.id.startswith(batches) and ln.server != exclude_server]
         return make_examples(keep, set(R.names), equivalents)
     return make
 

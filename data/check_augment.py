@@ -21,16 +21,19 @@ from pathlib import Path
 
 import jsonschema
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: run as a script from anywhere
+from services.evals.data import load_registry as load_tools  # noqa: E402
+
 ROLES = {"user", "assistant", "tool"}
 FIELDS = {"id", "server", "tool", "query", "args", "history"}
 
 
 def load_registry(tools_dir: Path) -> dict[str, dict[str, dict]]:
-    """server -> tool name -> inputSchema."""
+    """server -> tool name -> inputSchema (the evaluation's registry loader, grouped by server)."""
+    reg = load_tools(tools_dir)
     out: dict[str, dict[str, dict]] = {}
-    for f in sorted(tools_dir.glob("*.json")):
-        doc = json.loads(f.read_text())
-        out[doc["server"]] = {t["name"]: t.get("inputSchema") or {"type": "object"} for t in doc["tools"]}
+    for t in reg.tools:
+        out.setdefault(reg.server_of[t.name], {})[t.name] = t.input_schema or {"type": "object"}
     return out
 
 
