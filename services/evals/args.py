@@ -353,7 +353,22 @@ def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -
         **view_token_stats(registry.tools, lambda text: engine.llm.tokenize(text.encode(), add_bos=False)),
         "prefix_cached_max_registry_size_that_fits": max(fits) if fits else 0,
         "context_window": engine.n_ctx_train,
+        "lines": [line_record(r) for r in rows],
     }
+
+
+def line_record(r: Row) -> dict[str, Any]:
+    """One evaluated line as the report lists it: what each arm wrote and how many stated arguments it hit, so
+    a miss can be read without re-running the evaluation."""
+    def arm(res: Result | None) -> dict[str, Any] | None:
+        if res is None:
+            return None
+        hits, _ = arg_hits(res.arguments_json, r.gold_args)
+        return {"arguments": res.arguments_json, "hits": hits, "schema_valid": res.schema_valid}
+
+    return {"id": r.id, "tool": r.tool, "routed": r.routed, "route_ok": r.route_ok, "gold": r.gold_args,
+            "stated": len(r.gold_args), "hybrid": arm(r.hybrid), "engine": arm(r.engine),
+            "e2e": arm(r.routed_result) if r.route_ok is False else None}
 
 
 def _is_json(text: str) -> bool:

@@ -36,3 +36,22 @@ def test_sample_is_seeded_and_stratified():
     s1, s2 = sample_lines(lines, 4, 3), sample_lines(lines, 4, 3)
     assert [x.id for x in s1] == [x.id for x in s2]
     assert {x.server for x in s1} == {"a", "b"}
+
+
+def test_line_record_lists_each_arm_with_its_hits():
+    from services.engine.engine import Result
+    from services.evals.args import Row, line_record
+
+    def res(args: str, valid: bool = True) -> Result:
+        return Result("t", args, 1.0, 2.0, 3.0, 1.0, 10, 5, "text", "", valid)
+
+    gold = {"owner": "octo", "repo": "demo"}
+    ok = Row("t-1", "t", "t", True, gold, res('{"owner": "octo", "repo": "x"}'), res("{}"), None,
+             res('{"owner": "octo", "repo": "x"}'), 0, res('{"owner": "octo", "repo": "demo"}'))
+    rec = line_record(ok)
+    assert rec["stated"] == 2 and rec["hybrid"]["hits"] == 1 and rec["engine"]["hits"] == 2
+    assert rec["e2e"] is None and rec["gold"] == gold
+    wrong = Row("t-2", "t", "u", False, gold, res("{}"), res("{}"), None, res('{"owner": "octo"}', False), 0, None)
+    rec = line_record(wrong)
+    assert rec["routed"] == "u" and rec["engine"] is None
+    assert rec["e2e"] == {"arguments": '{"owner": "octo"}', "hits": 1, "schema_valid": False}
