@@ -55,13 +55,21 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], help="engine setting key=value (repeatable)")
     ap.add_argument("--show", action="store_true", help="print every line, not only the misses")
     ap.add_argument("--json", default="", help="write per-line rows here")
+    ap.add_argument("--ids", default="", help="comma-separated line ids of the split to run (instead of a sample)")
     args = ap.parse_args()
 
     registry = load_registry(args.tools)
     by_name = registry.by_name()
     lines = [ln for ln in load_queries(args.queries) if ln.tool in by_name]
     tune, heldout = tune_split(lines)
-    lines = sample_lines(tune if args.split == "tune" else heldout, args.limit, args.seed)
+    pool = tune if args.split == "tune" else heldout
+    if args.ids:
+        want = args.ids.split(",")
+        lines = [ln for ln in pool if ln.id in want]
+        if len(lines) != len(want):
+            raise SystemExit(f"not in the {args.split} split: {sorted(set(want) - {ln.id for ln in lines})}")
+    else:
+        lines = sample_lines(pool, args.limit, args.seed)
     store = LocalStore(tempfile.mkdtemp(prefix="args-tune-"))
     store.registry_put(list(registry.tools))
     cfg = replace(EngineConfig(), store_url=str(store.root), n_ctx=4096)

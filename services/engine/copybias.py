@@ -172,10 +172,12 @@ class CopyBias:
         self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
         self.by_text: dict[str, list[int]] = {}
         self.open_text: dict[str, list[int]] = {}
-        close, ends = [], []
+        close, ends, quotes = [], [], []
         for i, p in enumerate(pieces):
             if not p:
                 continue
+            if p.strip() == '"':
+                quotes.append(i)  # opens a string and writes nothing yet
             if p.startswith('"') and set(p[1:]) <= set(",}] "):
                 close.append(i)
             if p.lstrip()[:1] in (",", "}"):
@@ -193,6 +195,7 @@ class CopyBias:
             self.by_text.setdefault(p, []).append(i)
         self.close_ids = np.asarray(close, dtype=np.int64)
         self.end_ids = np.asarray(ends, dtype=np.int64)
+        self.quote_ids = np.asarray(quotes, dtype=np.int64)
         self.max_len = min(max_piece_chars, max((len(t) for t in self.by_text), default=1))
         self.source = ""
         self.start_ids = np.zeros(0, dtype=np.int64)
@@ -297,7 +300,8 @@ class CopyBias:
     def _follow_bare_hint(self, logits: np.ndarray) -> np.ndarray:
         """A hinted member whose value is due or being written outside a string: a number's digits (a leading
         space allowed before the first), then the end of the value; a string's opening tokens that carry the
-        quote and the hint's first characters (``"oct``) gain ``hint_bias``."""
+        quote and the hint's first characters (``"oct``), and a bare opening quote, gain ``hint_bias`` (without the
+        quote, ``"/`` outbid the plain ``"`` before ``src/main.py`` and the value lost its first word)."""
         start, end = self.hints[self.scanner.bare_member]
         text = self.source[start:end]
         partial = "".join(self.scanner.bare or [])
@@ -307,6 +311,7 @@ class CopyBias:
             if partial:
                 return logits
             ids_set = self._prefix_pieces(self.open_text, text, self.max_len)
+            ids_set.update(int(i) for i in self.quote_ids if i < n)
         elif not text.startswith(partial):
             return logits
         elif len(partial) == len(text):

@@ -225,13 +225,16 @@ def test_number_hint_steers_the_digits_and_ends_the_number():
     assert out[NUM_PIECES.index("800")] == 6.0 and out[NUM_PIECES.index("12")] == 0.0
 
 
-def test_a_hint_that_is_not_a_number_leaves_a_number_member_alone():
+def test_a_hint_that_is_not_a_number_leaves_the_digits_alone():
     source = "about 8 options"
     cb = CopyBias(NUM_PIECES, hint_bias=6.0)
-    cb.begin(source, {"count": (6, 15)})  # "8 options"
+    cb.begin(source, {"count": (6, 15)})  # "8 options": a string's span, so only a string's opening quote gains
     cb.feed('{"count": ')
     z = np.zeros(len(NUM_PIECES), dtype=np.float32)
-    assert np.array_equal(cb(z), z)
+    out = cb(z)
+    assert out[NUM_PIECES.index(' "')] == 6.0  # the grammar forbids it where the member is a number
+    out[NUM_PIECES.index(' "')] = 0.0
+    assert np.array_equal(out, z)
 
 
 def test_string_hint_reaches_tokens_that_open_the_string_and_running_past_its_end_costs():
@@ -243,6 +246,7 @@ def test_string_hint_reaches_tokens_that_open_the_string_and_running_past_its_en
     cb.feed('{"mode": ')
     out = cb(np.zeros(len(pieces), dtype=np.float32))
     assert out[pieces.index('"trans')] == 6.0 and out[pieces.index(' "driv')] == 0.0
+    assert out[pieces.index('"')] == 6.0 and out[pieces.index(' "')] == 6.0  # a bare quote commits to nothing
     plain = CopyBias(pieces)
     plain.begin(source)
     for c in (cb, plain):
