@@ -282,15 +282,15 @@ def synth_fn(per_tool: int, seed: int = 0):
 AUGMENT_DIR = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
 
 
-def augment_fn(exclude_server: str = "", batches: tuple[str, ...] = ("a-",)):
+def augment_fn(exclude_server: str = "", batches: tuple[str, ...] = ("a-",), folder: str | Path = AUGMENT_DIR):
     """The hand-written paraphrase lines of data/routing_augment (written from the schemas only, never from
     the evaluation's train.jsonl), as extra fit examples: the batches whose ids start with ``batches``
-    (``a-`` = session 3's 1,352 lines, ``b-`` = session 5's)."""
+    (``a-`` = session 3's 1,352 lines, ``b-`` = session 5's, ``c-`` = session 6's)."""
     from services.evals.routing_models import load_augment
     from services.router.training import make_examples
 
     def make(R):
-        keep = [ln for ln in load_augment(AUGMENT_DIR) if ln.id.startswith(batches) and ln.server != exclude_server]
+        keep = [ln for ln in load_augment(folder) if ln.id.startswith(batches) and ln.server != exclude_server]
         return make_examples(keep, set(R.names), equivalents)
     return make
 
@@ -309,14 +309,16 @@ VARIANTS: dict[str, tuple[int, dict, tuple[str, ...]]] = {
     "mk2synth2": (2, {}, MK2),
     "aug": (-1, {}, ("name_desc",)),  # -1: the hand-written augment lines instead of templates
     "aug2": (-2, {}, ("name_desc",)),  # -2: both hand-written batches
+    "aug3": (-3, {}, ("name_desc",)),  # -3: three hand-written batches
+    "aug3ep2": (-3, {"q_epochs": 2}, ("name_desc",)),
 }
 
 
 def exp_train(a, hp, Q, R, regs, te, train):
     per_tool, over, key_sets = VARIANTS[a.variant]
     hp = replace(hp, **over)
-    batches = ("a-", "b-") if per_tool == -2 else ("a-",)
-    extra = augment_fn(batches=batches) if per_tool < 0 else synth_fn(per_tool, hp.seed) if per_tool else None
+    batches = ("a-", "b-", "c-")[:-per_tool] if per_tool < 0 else ()
+    extra = augment_fn(batches=batches, folder=a.augment_dir) if per_tool < 0 else synth_fn(per_tool, hp.seed) if per_tool else None
     _, rep = encoder(a.variant, a.fold, train, R, hp, extra, key_sets)
     print(f"{a.variant}: {rep['seconds']} s, n_fit {rep['n_fit']}, best epoch {rep['best_epoch']}, "
           f"val {[round(h['val_slb_top1'], 3) for h in rep['history']]}", flush=True)
@@ -336,6 +338,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ens", default="", help="other cached variants to average scores with (keys exp)")
     ap.add_argument("--hp", default="{}", help="JSON overrides of GateHyperParams")
+    ap.add_argument("--augment-dir", default=str(AUGMENT_DIR), help="hand-written lines (a staging folder)")
     a = ap.parse_args()
     import torch
 

@@ -183,14 +183,14 @@ def test_augment_lines_join_the_fit_split_only(tiny):
 
     aug_dir = Path(__file__).resolve().parents[2] / "data" / "routing_augment"
     extra = [ln for ln in load_augment(aug_dir) if ln.server in SERVERS]
-    assert len(extra) == 8 * len(tiny["tools"])  # the committed data: two batches of 4 requests per tool
+    assert len(extra) == 12 * len(tiny["tools"])  # the committed data: three batches of 4 requests per tool
     out = tiny["root"] / "aug"
     doc = train_gate(tiny["lines"], tiny["tools"], out, HP, equivalents=equivalents, progress=False, extra=extra)
     assert doc["data_hash"] != tiny["doc"]["data_hash"]  # another model, cached apart
     assert doc["n_fit_extra"] == len(extra) and doc["n_fit"] == tiny["doc"]["n_fit"] + len(extra)
     # validation (tau, alpha, SLB calibration) stays on the same real lines
-    assert doc["val_ids"] == tiny["doc"]["val_ids"] and not any(i.startswith(("a-", "b-")) for i in doc["val_ids"])
-    assert not any(json.loads(row)["id"].startswith(("a-", "b-")) for row in
+    assert doc["val_ids"] == tiny["doc"]["val_ids"] and not any(i.startswith(("a-", "b-", "c-")) for i in doc["val_ids"])
+    assert not any(json.loads(row)["id"].startswith(("a-", "b-", "c-")) for row in
                    (out / "exemplars.jsonl").read_text().splitlines())
 
 
