@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from services.common.tools import Tool
 from services.compiler.signature import param_order
@@ -72,13 +73,27 @@ def _schema_for_grammar(tool: Tool) -> dict:
     # canonical key order (as the registry stores tools), so the grammar is a function of the schema hash
     schema = json.loads(json.dumps(tool.input_schema, sort_keys=True))
     schema.setdefault("type", "object")
-    props = schema.get("properties")
-    if isinstance(props, dict):  # the signature's parameter order (required first, as `required` lists them)
-        schema["properties"] = {k: props[k] for k in param_order(schema)}
+    _order_properties(schema)  # the signature's parameter order (required first, as `required` lists them)
     # Drop keywords that only document (they change nothing the grammar can enforce).
     for k in ("$schema", "title", "description", "examples"):
         schema.pop(k, None)
     return bound_arrays(schema)
+
+
+def _order_properties(node: Any) -> None:
+    """Every object (nested ones too) lists its properties in ``param_order``, in place: the converter writes
+    required members in ``properties`` order, and canonical (sorted) order put ``newText`` before ``oldText``."""
+    if isinstance(node, list):
+        for v in node:
+            _order_properties(v)
+        return
+    if not isinstance(node, dict):
+        return
+    props = node.get("properties")
+    if isinstance(props, dict):
+        node["properties"] = {k: props[k] for k in param_order(node)}
+    for v in node.values():
+        _order_properties(v)
 
 
 def compile_grammar(tool: Tool) -> CompiledGrammar:

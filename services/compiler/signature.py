@@ -4,7 +4,8 @@
 followed by the first words of the description (~11 tokens a tool; without it the tuning sample scored the
 same but e.g. "Tokyo" no longer maps to the IANA name get_current_time asks for — reports/args_experiments.md).
 Optional parameters carry ``?``, enums are inlined
-(``state?: "open"|"closed"``), nested objects are flattened one level, arrays read ``T[]``.
+(``state?: "open"|"closed"``), nested objects are flattened one level, arrays read ``T[]`` (an array of objects
+shows its items' members one level deep, like an object).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 from services.common.tools import Tool
 
-IR_VERSION = "nexus-ir-v4"  # v4: grammars bound arrays (MAX_ARRAY_ITEMS)
+# v4: grammars bound arrays (MAX_ARRAY_ITEMS); v5: arrays of objects show their members, nested members in
+# param_order (signature and grammar: edit_file's edits read {oldText, newText}, no longer newText first)
+IR_VERSION = "nexus-ir-v5"
 
 _TYPE_NAMES = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}
 MAX_ENUM = 6
@@ -52,13 +55,14 @@ def type_hint(schema: Any, root: dict[str, Any], depth: int = 0) -> str:
     if isinstance(t, list):
         parts = [_TYPE_NAMES.get(x, str(x)) for x in t if x != "null"]
         return "|".join(parts) or "any"
-    if t == "array":
-        return f"{type_hint(s.get('items', {}), root, depth + 1)}[]"
+    if t == "array":  # an array of objects shows its items' members: ``relations: {from: str, to: str}[]``
+        return f"{type_hint(s.get('items', {}), root, depth)}[]"
     if t == "object" or "properties" in s:
         props = s.get("properties")
         if isinstance(props, dict) and props and depth < 1:
             req = set(s.get("required", []) or [])
-            inner = ", ".join(f"{k}{'' if k in req else '?'}: {type_hint(v, root, depth + 1)}" for k, v in props.items())
+            inner = ", ".join(f"{k}{'' if k in req else '?'}: {type_hint(props[k], root, depth + 1)}"
+                              for k in param_order(s))
             return "{" + inner + "}"
         return "obj"
     return _TYPE_NAMES.get(t, "any") if isinstance(t, str) else "any"

@@ -63,3 +63,19 @@ def test_required_parameters_follow_the_required_list():
     t = _tool({"base": {"type": "string"}, "draft": {"type": "boolean"}, "owner": {"type": "string"},
                "repo": {"type": "string"}, "body": {"type": "string"}}, required=("owner", "repo", "base"))
     assert signature(t).startswith("create_pull_request(owner: str, repo: str, base: str, body?: str, draft?: bool)")
+
+
+def test_arrays_of_objects_show_their_members_in_the_required_order():
+    from services.compiler.grammar import compile_grammar
+
+    item = {"type": "object", "properties": {"newText": {"type": "string"}, "oldText": {"type": "string"},
+                                             "note": {"type": "string"}}, "required": ["oldText", "newText"]}
+    t = _tool({"edits": {"type": "array", "items": item}, "path": {"type": "string"}}, required=("path", "edits"))
+    assert signature(t, with_description=False) == \
+        "create_pull_request(path: str, edits: {oldText: str, newText: str, note?: str}[])"
+    # the grammar writes the required members in the same order (canonical key order put newText first)
+    rule = next(ln for ln in compile_grammar(t).text.splitlines() if ln.startswith("edits-item ::="))
+    assert rule.index("oldText") < rule.index("newText")
+    deep = _tool({"a": {"type": "array", "items": {"type": "object", "properties": {
+        "b": {"type": "array", "items": {"type": "object", "properties": {"c": {"type": "string"}}}}}}}})
+    assert signature(deep, with_description=False) == "create_pull_request(a?: {b?: obj[]}[])"  # one level deep
