@@ -21,6 +21,10 @@ Grounded values (engine defaults; 99.3 % of the stated non-enum strings in the t
   ``key_bias``, and those that spell only *silent* ones (parameters the reader read and found unstated) lose it
   (the 135M model otherwise writes the run id under ``job_id`` or drops ``commit_title`` for ``commit_message``).
 
+* closing arrays: in an array whose values copy quoted text of the request, once every quoted span of the
+  request has been written, tokens that end the item and close the array gain ``array_bias`` and those that
+  end it and open another lose it (the 135M model otherwise repeats ``"on-call this week"`` to the array bound).
+
 The grammar still decides what is legal (enums, formats), so the bias can only choose among valid tokens.
 Character-level matching: the request and the value tokenize differently (" EU" vs "EU" after a quote)."""
 
@@ -61,6 +65,21 @@ def _quoted_positions(source: str) -> np.ndarray:
     return out
 
 
+def _quoted_spans(source: str, quoted: np.ndarray) -> list[str]:
+    """The texts the request puts in quotes (``quoted`` from _quoted_positions), stripped, non-empty."""
+    out, start = [], None
+    for i in range(len(source)):
+        inside = bool(quoted[i + 1]) and source[i] not in QUOTES
+        if inside and start is None:
+            start = i
+        elif not inside and start is not None:
+            out.append(source[start:i].strip())
+            start = None
+    if start is not None:
+        out.append(source[start:].strip())
+    return [t for t in out if t]
+
+
 def _identifier_like(word: str) -> bool:
     return any(c in word for c in "/:._-@#=") or any(c.isdigit() for c in word)
 
@@ -95,6 +114,7 @@ class JsonValueScanner:
         self.key_depth = 0  # nesting depth ("{" / "[" count) at which it was written
         self.bare: list[str] | None = None  # text of a top-level number/literal value being written
         self.top_keys: list[str] = []  # top-level keys written so far
+        self.array_from: list[int] = []  # per open array: len(values) when it opened
 
     @property
     def member(self) -> str:
@@ -105,6 +125,11 @@ class JsonValueScanner:
     def bare_member(self) -> str:
         """The top-level member whose value is due or being written as a bare literal (a number), or ""."""
         return self.key if self.bare is not None and self.key_depth == 1 and len(self.stack) == 1 else ""
+
+    @property
+    def array_values(self) -> list[str]:
+        """String values written inside the innermost open array (its nested objects included)."""
+        return self.values[self.array_from[-1]:] if self.array_from else []
 
     @property
     def in_value(self) -> bool:
@@ -151,9 +176,12 @@ class JsonValueScanner:
             elif ch in "{[":
                 self.stack.append(ch)
                 self.expect_key = ch == "{"
+                if ch == "[":
+                    self.array_from.append(len(self.values))
             elif ch in "}]":
                 if self.stack:
-                    self.stack.pop()
+                    if self.stack.pop() == "[" and self.array_from:
+                        self.array_from.pop()
                 self.expect_key = False
             elif ch == ",":
                 self.expect_key = bool(self.stack) and self.stack[-1] == "{"
@@ -165,17 +193,19 @@ class CopyBias:
     def __init__(self, pieces: list[str], *, start_bias: float = 2.0, continue_bias: float = 5.0,
                  close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
                  reuse_penalty: float = 0.0, word_penalty: float = 0.0, hint_bias: float = 0.0,
-                 key_bias: float = 0.0, max_piece_chars: int = 24):
+                 key_bias: float = 0.0, array_bias: float = 0.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
-        self.hint_bias, self.key_bias = hint_bias, key_bias
+        self.hint_bias, self.key_bias, self.array_bias = hint_bias, key_bias, array_bias
         self.salient_bias = salient_bias
         self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
         self.by_text: dict[str, list[int]] = {}
         self.open_text: dict[str, list[int]] = {}
-        close, ends, quotes = [], [], []
+        close, ends, quotes, structural = [], [], [], []
         for i, p in enumerate(pieces):
             if not p:
                 continue
+            if set(p) <= set('"}],{ \n\t') and ("," in p or "]" in p):
+                structural.append((i, "".join(p.split())))  # may end an array item: ", {", "},", "\"]"
             if p.strip() == '"':
                 quotes.append(i)  # opens a string and writes nothing yet
             if p.startswith('"') and set(p[1:]) <= set(",}] "):
@@ -196,6 +226,8 @@ class CopyBias:
         self.close_ids = np.asarray(close, dtype=np.int64)
         self.end_ids = np.asarray(ends, dtype=np.int64)
         self.quote_ids = np.asarray(quotes, dtype=np.int64)
+        self.structural = structural
+        self.quoted_spans: list[str] = []
         self.max_len = min(max_piece_chars, max((len(t) for t in self.by_text), default=1))
         self.source = ""
         self.start_ids = np.zeros(0, dtype=np.int64)
@@ -238,6 +270,7 @@ class CopyBias:
         self.start_ids = np.fromiter(sorted(starts), dtype=np.int64, count=len(starts))
         self.salient_ids = np.fromiter(sorted(salient), dtype=np.int64, count=len(salient))
         self.quoted = _quoted_positions(source)
+        self.quoted_spans = _quoted_spans(source, self.quoted)
 
     def feed(self, text: str) -> None:
         self.scanner.feed(text)
@@ -347,7 +380,46 @@ class CopyBias:
         self._add(out, avoid, -self.key_bias)
         return out
 
+    def _close_spent_array(self, logits: np.ndarray) -> np.ndarray:
+        """Inside an array (directly, or in an object that is one of its items) that copies quoted text of the
+        request, once every quoted span has been written (the value being written included): the tokens that end
+        the item and close the array (``"]``, ``}]``, ``]``) gain ``array_bias``, those that end it and start
+        another (``",``, `` },``, ``,``) lose it."""
+        sc = self.scanner
+        if not sc.array_from or not self.quoted_spans or (sc.in_string and sc.is_key):
+            return logits
+        in_item_object = sc.stack[-1] == "{" and len(sc.stack) >= 2 and sc.stack[-2] == "["
+        if sc.stack[-1] != "[" and not in_item_object:
+            return logits
+        partial = ["".join(sc.partial)] if sc.in_value else []
+        mine = sc.array_values + partial
+        if not any(v.strip() in self.quoted_spans for v in mine):
+            return logits
+        written = sc.values + partial
+        if not all(any(q in v for v in written) for q in self.quoted_spans):
+            return logits
+        out = np.array(logits, copy=True)
+        n = out.shape[0]
+        for i, text in self.structural:
+            if i >= n:
+                continue
+            if sc.in_value:
+                if not text.startswith('"'):
+                    continue
+                text = text[1:]
+            if in_item_object:
+                if not text.startswith("}"):
+                    continue
+                text = text[1:]
+            if text.startswith(","):
+                out[i] -= self.array_bias
+            elif text.startswith("]"):
+                out[i] += self.array_bias
+        return out
+
     def __call__(self, logits: np.ndarray) -> np.ndarray:
+        if self.array_bias and self.source and self.scanner.array_from:
+            logits = self._close_spent_array(logits)
         if self.key_bias and self.source and (self.hints or self.silent):
             partial = self.scanner.top_key
             if partial is not None:

@@ -259,7 +259,8 @@ class Engine:
                                        continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias,
                                        salient_bias=c.copy_salient_bias, span_penalty=c.copy_span_penalty,
                                        reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty,
-                                       hint_bias=c.slot_hint_bias, key_bias=c.slot_key_bias)
+                                       hint_bias=c.slot_hint_bias, key_bias=c.slot_key_bias,
+                                       array_bias=c.copy_array_bias)
         return self._copy_bias
 
     def slot_hints(self, tool, source: str) -> dict[str, tuple[int, int]]:

@@ -296,3 +296,48 @@ def test_key_steering_is_off_without_a_bias_and_leaves_nested_keys_and_values_al
     assert not cb(np.zeros(len(KEY_PIECES), dtype=np.float32)).any()
     cb.feed('"run')
     assert cb.scanner.top_key is None
+
+
+ARRAY_PIECES = ['",', '"]', ' },', '}]', ' }', ',', ']', '"', 'on', '-call', ' this', ' week', 'Marcus', ' Lee']
+
+
+def _ap(*names):
+    return [ARRAY_PIECES.index(n) for n in names]
+
+
+def test_a_spent_array_closes_instead_of_repeating_its_quoted_value():
+    src = "Delete the observation 'on-call this week' from the entity Marcus Lee."
+    cb, plain = CopyBias(ARRAY_PIECES, array_bias=6.0), CopyBias(ARRAY_PIECES)
+    z = np.zeros(len(ARRAY_PIECES), dtype=np.float32)
+
+    def feed(text):
+        for c in (cb, plain):
+            c.feed(text)
+        return cb(z) - plain(z)  # what the array rule adds
+
+    for c in (cb, plain):
+        c.begin(src)
+    diff = feed('{"deletions": [{"entityName": "Marcus Lee", "observations": ["on-call this')
+    assert not diff.any()  # the quoted span is not written yet
+    diff = feed(' week')
+    assert diff[_ap('",', '"]', '"')].tolist() == [-6.0, 6.0, 0.0]  # written: the string array ends here
+    diff = feed('"]')  # back in the item object of "deletions": ending it and the array gains, another loses
+    assert diff[_ap(' },', '}]', ' }')].tolist() == [-6.0, 6.0, 0.0]
+    diff = feed('}')
+    assert diff[_ap(',', ']')].tolist() == [-6.0, 6.0]
+
+
+def test_an_array_closes_only_when_it_copies_quoted_text_and_all_of_it_is_written():
+    z = np.zeros(len(ARRAY_PIECES), dtype=np.float32)
+    cb = CopyBias(ARRAY_PIECES, array_bias=6.0)
+    cb.begin("label the issue 'Login broken' as bug and ui")
+    cb.feed('{"title": "Login broken", "labels": ["bug"')  # unquoted labels: the second one may follow
+    assert np.array_equal(cb(z), z)
+    cb = CopyBias(ARRAY_PIECES, array_bias=6.0)
+    cb.begin("edit: replace 'a = 1' with 'a = 2', and 'b = 1' with 'b = 2'")
+    cb.feed('{"edits": [{"oldText": "a = 1", "newText": "a = 2"')  # two quoted spans still unwritten
+    assert np.array_equal(cb(z), z)
+    off = CopyBias(ARRAY_PIECES)
+    off.begin("Delete the observation 'on-call this week'")
+    off.feed('{"observations": ["on-call this week"')
+    assert np.array_equal(off(z), z)
