@@ -84,8 +84,12 @@ def _identifier_like(word: str) -> bool:
     return any(c in word for c in "/:._-@#=") or any(c.isdigit() for c in word)
 
 
-def _sentence_end(rest: str) -> bool:
-    return bool(rest) and rest[0] in ".;:!?)" and (len(rest) == 1 or rest[1].isspace())
+def _sentence_end(rest: str, value: str = "") -> bool:
+    """``rest`` starts with punctuation that ends the sentence (and so the value): a full stop, a closing
+    parenthesis, ... followed by whitespace — unless the value so far opened that parenthesis (``count(*) FROM``)."""
+    if not rest or rest[0] not in ".;:!?)" or (len(rest) > 1 and not rest[1].isspace()):
+        return False
+    return not (rest[0] == ")" and value.count("(") > value.count(")"))
 
 
 def _json_fragment(piece: str) -> str | None:
@@ -238,8 +242,8 @@ class CopyBias:
         self.silent: frozenset[str] = frozenset()
         self.scanner = JsonValueScanner()
 
-    def _prefix_ids(self, rest: str, out: set[int]) -> None:
-        if _sentence_end(rest):
+    def _prefix_ids(self, rest: str, out: set[int], value: str = "") -> None:
+        if _sentence_end(rest, value):
             return  # "… in /srv/app." : the full stop ends the sentence, not the value
         for n in range(1, min(len(rest), self.max_len) + 1):
             ids = self.by_text.get(rest[:n])
@@ -448,11 +452,11 @@ class CopyBias:
             end = p + len(partial)
             rest = self.source[end:]
             if self.word_penalty and rest[:1].isspace() and not self.quoted[end]:
-                self._prefix_ids(rest, cross)
+                self._prefix_ids(rest, cross, partial)
             else:
-                self._prefix_ids(rest, cont)
+                self._prefix_ids(rest, cont, partial)
             # the span ends where the request ends, at a quote mark, or at sentence punctuation
-            if not rest or rest[0] in QUOTES or _sentence_end(rest) or rest[0] == ",":
+            if not rest or rest[0] in QUOTES or _sentence_end(rest, partial) or rest[0] == ",":
                 closes = True
             # an identifier-like word (path, selector, owner/repo, key:name) ends at whitespace
             elif rest[0].isspace() and _identifier_like(partial.rsplit(None, 1)[-1] if partial.strip() else ""):

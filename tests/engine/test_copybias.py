@@ -341,3 +341,18 @@ def test_an_array_closes_only_when_it_copies_quoted_text_and_all_of_it_is_writte
     off.begin("Delete the observation 'on-call this week'")
     off.feed('{"observations": ["on-call this week"')
     assert np.array_equal(off(z), z)
+
+
+def test_a_parenthesis_the_value_opened_does_not_end_it():
+    pieces = [")", " FROM", '"', '",', "*"]
+    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
+    cb.begin("Count them: SELECT count(*) FROM invoices; then stop (see /srv/app) now")
+    cb.feed('{"sql": "SELECT count(*')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    # the query goes on: ")" continues the span (it lost the 30-point span penalty before), no close bias here
+    assert out[pieces.index(")")] == 5.0 and out[pieces.index('"')] == 0.0
+    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
+    cb.begin("then stop (see /srv/app) now")
+    cb.feed('{"path": "/srv/app')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index('"')] > 0 and out[pieces.index(")")] < 0  # a parenthesis the value did not open ends it
