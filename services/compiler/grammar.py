@@ -69,10 +69,46 @@ class CompiledGrammar:
     reason: str = ""
 
 
+MAX_DEPENDENT_VARIANTS = 8
+
+
+def _split_dependent_required(node: Any) -> Any:
+    """``dependentRequired`` (kiali: ``resourceName`` needs ``namespaces``), which the converter ignores, as an
+    ``anyOf`` of plain objects: for each dependency, a variant without the key and one where the key and what it
+    needs are required. More than ``MAX_DEPENDENT_VARIANTS`` variants raise (the grammar falls back, counted)."""
+    if isinstance(node, list):
+        return [_split_dependent_required(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: _split_dependent_required(v) for k, v in node.items()}
+    dep, props = node.get("dependentRequired"), node.get("properties")
+    if not isinstance(dep, dict) or not isinstance(props, dict):
+        return node
+    defs = {k: node[k] for k in ("$defs", "definitions") if k in node}  # stay at the root for "#/$defs/..."
+    base = {k: v for k, v in node.items() if k != "dependentRequired" and k not in defs}
+    variants = [base]
+    for key, needs in dep.items():
+        out = []
+        for v in variants:
+            req = list(v.get("required", []) or [])
+            if key not in v["properties"]:
+                out.append(v)
+                continue
+            if key not in req:
+                out.append({**v, "properties": {k: p for k, p in v["properties"].items() if k != key},
+                            "required": [r for r in req if r != key]})
+            out.append({**v, "required": list(dict.fromkeys(req + [key] + list(needs)))})
+        variants = out
+        if len(variants) > MAX_DEPENDENT_VARIANTS:
+            raise ValueError(f"dependentRequired needs more than {MAX_DEPENDENT_VARIANTS} grammar variants")
+    return {**variants[0], **defs} if len(variants) == 1 else {"anyOf": variants, **defs}
+
+
 def _schema_for_grammar(tool: Tool) -> dict:
     # canonical key order (as the registry stores tools), so the grammar is a function of the schema hash
     schema = json.loads(json.dumps(tool.input_schema, sort_keys=True))
     schema.setdefault("type", "object")
+    schema = _split_dependent_required(schema)
     _order_properties(schema)  # the signature's parameter order (required first, as `required` lists them)
     # Drop keywords that only document (they change nothing the grammar can enforce).
     for k in ("$schema", "title", "description", "examples"):

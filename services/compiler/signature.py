@@ -18,7 +18,8 @@ from services.common.tools import Tool
 
 # v4: grammars bound arrays (MAX_ARRAY_ITEMS); v5: arrays of objects show their members, nested members in
 # param_order (signature and grammar: edit_file's edits read {oldText, newText}, no longer newText first)
-IR_VERSION = "nexus-ir-v5"
+# v6: dependentRequired in the grammar (an anyOf of variants)
+IR_VERSION = "nexus-ir-v6"
 
 _TYPE_NAMES = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}
 MAX_ENUM = 6

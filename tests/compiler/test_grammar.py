@@ -104,3 +104,19 @@ def test_arrays_are_bounded_unless_the_schema_says_otherwise(vocab):
     assert _accepts(vocab, g, many(MAX_ARRAY_ITEMS)) and not _accepts(vocab, g, many(MAX_ARRAY_ITEMS + 1))
     g = compile_grammar(arr({"maxItems": 12})).text  # the schema's own bound wins
     assert _accepts(vocab, g, many(12)) and not _accepts(vocab, g, many(13))
+
+
+def test_dependent_required_is_enforced(vocab):
+    # kiali_get_resource_details: resourceName needs namespaces (the converter ignores dependentRequired, and an
+    # evaluation output {"resourceType": "app", "resourceName": "cart"} failed schema validation)
+    t = parse_tool({"name": "x", "description": "", "inputSchema": {
+        "type": "object", "required": ["resourceType"], "dependentRequired": {"resourceName": ["namespaces"]},
+        "properties": {"resourceType": {"type": "string", "enum": ["app", "service"]},
+                       "resourceName": {"type": "string"}, "namespaces": {"type": "string"},
+                       "meshCluster": {"type": "string"}}}})
+    c = compile_grammar(t)
+    assert not c.fallback
+    assert _accepts(vocab, c.text, '{"resourceType": "app", "resourceName": "cart", "namespaces": "shop"}')
+    assert _accepts(vocab, c.text, '{"resourceType": "app", "meshCluster": "west"}')
+    assert not _accepts(vocab, c.text, '{"resourceType": "app", "resourceName": "cart"}')
+    assert not _accepts(vocab, c.text, '{"resourceType": "app", "resourceName": "cart", "meshCluster": "west"}')
