@@ -230,7 +230,16 @@ class CopyBias:
         self.close_ids = np.asarray(close, dtype=np.int64)
         self.end_ids = np.asarray(ends, dtype=np.int64)
         self.quote_ids = np.asarray(quotes, dtype=np.int64)
-        self.structural = structural
+        # per position (inside a string value?, inside an object that is an array item?): the tokens that end the
+        # item and close the array, and those that end it and start another (see _close_spent_array)
+        self.array_end: dict[tuple[bool, bool], tuple[np.ndarray, np.ndarray]] = {}
+        for in_value in (False, True):
+            for in_item in (False, True):
+                lead = ('"' if in_value else "") + ("}" if in_item else "")
+                rests = [(i, t[len(lead):]) for i, t in structural if t.startswith(lead)]
+                self.array_end[in_value, in_item] = (
+                    np.asarray([i for i, r in rests if r.startswith("]")], dtype=np.int64),
+                    np.asarray([i for i, r in rests if r.startswith(",")], dtype=np.int64))
         self.quoted_spans: list[str] = []
         self.max_len = min(max_piece_chars, max((len(t) for t in self.by_text), default=1))
         self.source = ""
@@ -404,21 +413,9 @@ class CopyBias:
             return logits
         out = np.array(logits, copy=True)
         n = out.shape[0]
-        for i, text in self.structural:
-            if i >= n:
-                continue
-            if sc.in_value:
-                if not text.startswith('"'):
-                    continue
-                text = text[1:]
-            if in_item_object:
-                if not text.startswith("}"):
-                    continue
-                text = text[1:]
-            if text.startswith(","):
-                out[i] -= self.array_bias
-            elif text.startswith("]"):
-                out[i] += self.array_bias
+        close, another = self.array_end[sc.in_value, in_item_object]
+        out[close[close < n]] += self.array_bias
+        out[another[another < n]] -= self.array_bias
         return out
 
     def __call__(self, logits: np.ndarray) -> np.ndarray:
