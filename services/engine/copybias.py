@@ -84,10 +84,37 @@ def _identifier_like(word: str) -> bool:
     return any(c in word for c in "/:._-@#=") or any(c.isdigit() for c in word)
 
 
+CLOSERS = {"(": ")", "[": "]", "{": "}"}
+
+
+def open_marks(text: str) -> list[str]:
+    """The closers ``text`` still owes, innermost last: brackets it opened, and a straight quote or backtick it
+    opened (a quote mark at a word edge; the apostrophe of "O'Hare" does not count)."""
+    need: list[str] = []
+    for i, ch in enumerate(text):
+        if ch in CLOSERS:
+            need.append(CLOSERS[ch])
+        elif need and ch == need[-1] and ch not in "'\"`":
+            need.pop()
+        elif ch in "'\"`":
+            before = text[i - 1] if i else " "
+            after = text[i + 1] if i + 1 < len(text) else " "
+            if before.isalnum() and after.isalnum():
+                continue
+            if need and need[-1] == ch:
+                need.pop()
+            else:
+                need.append(ch)
+    return need
+
+
 def _sentence_end(rest: str, value: str = "") -> bool:
     """``rest`` starts with punctuation that ends the sentence (and so the value): a full stop, a closing
-    parenthesis, ... followed by whitespace — unless the value so far opened that parenthesis (``count(*) FROM``)."""
+    parenthesis, ... followed by whitespace — unless the value so far opened that parenthesis (``count(*) FROM``),
+    or it is a semicolon that ends the text (prose ends with a full stop; ``... FROM invoices;`` is a statement)."""
     if not rest or rest[0] not in ".;:!?)" or (len(rest) > 1 and not rest[1].isspace()):
+        return False
+    if rest[0] == ";" and not rest[1:].strip():
         return False
     return not (rest[0] == ")" and value.count("(") > value.count(")"))
 
@@ -444,6 +471,7 @@ class CopyBias:
         cont: set[int] = set()
         cross: set[int] = set()  # continuations onto the next word of unquoted text
         closes = at_boundary = grounded = False
+        owed = open_marks(partial)  # a quote mark the value opened is its own, not the end of a quoted span
         p = self.source.find(partial)
         while p >= 0:
             end = p + len(partial)
@@ -453,7 +481,8 @@ class CopyBias:
             else:
                 self._prefix_ids(rest, cont, partial)
             # the span ends where the request ends, at a quote mark, or at sentence punctuation
-            if not rest or rest[0] in QUOTES or _sentence_end(rest, partial) or rest[0] == ",":
+            if not rest or (rest[0] in QUOTES and rest[0] not in owed) or _sentence_end(rest, partial) \
+                    or rest[0] == ",":
                 closes = True
             # an identifier-like word (path, selector, owner/repo, key:name) ends at whitespace
             elif rest[0].isspace() and _identifier_like(partial.rsplit(None, 1)[-1] if partial.strip() else ""):

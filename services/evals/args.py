@@ -25,6 +25,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.common.store import LocalStore
+from services.compiler.grammar import compile_grammar
 from services.compiler.signature import signature
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine, Result
@@ -326,7 +327,8 @@ def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -
         "arg_accuracy_e2e_ci95": wilson(ec, et),
         "args_stated": rt,
         "placeholder_leaks": sum(placeholder_count(g.arguments_json) for g in gens),
-        "grammar_fallbacks": sum(1 for t in registry.tools if engine.artifacts(t.name).grammar_fallback),
+        # a property of the compiler over the registry (1 s), not of the engine's cache
+        "grammar_fallbacks": sum(1 for t in registry.tools if compile_grammar(t).fallback),
         "ir_tokens_median": median(ir_tokens),
         "ir_tokens_p99": percentile(ir_tokens, 99),
         "first_arg_ms_hybrid": median(fa_h),

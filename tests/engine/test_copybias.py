@@ -356,3 +356,33 @@ def test_a_parenthesis_the_value_opened_does_not_end_it():
     cb.feed('{"path": "/srv/app')
     out = cb(np.zeros(len(pieces), dtype=np.float32))
     assert out[pieces.index('"')] > 0 and out[pieces.index(")")] < 0  # a parenthesis the value did not open ends it
+
+
+def test_a_semicolon_that_ends_the_request_belongs_to_the_statement():
+    pieces = [";", '"', '",']
+    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
+    cb.begin("count the rows: SELECT count(*) FROM invoices;")
+    cb.feed('{"sql": "SELECT count(*) FROM invoices')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index(";")] == 5.0 and out[pieces.index('"')] == 0.0  # was cut: ";" read as sentence end
+    cb.feed(";")
+    assert cb(np.zeros(len(pieces), dtype=np.float32))[pieces.index('"')] > 0  # the text ends: the value closes
+    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
+    cb.begin("tag it urgent; then close it")
+    cb.feed('{"label": "urgent')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index('"')] > 0 and out[pieces.index(";")] < 0  # a semicolon inside prose still ends it
+
+
+def test_a_quote_mark_the_value_opened_does_not_end_it():
+    pieces = ["']", '"', '",', "'"]
+    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0)
+    cb.begin("The link matches the selector a[href='/signup'].")
+    cb.feed('{"selector": "a[href=\'/signup')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    # tune line t-0884 closed at "/signup": the quote read as the end of a quoted span and gained the close bias
+    assert out[pieces.index('"')] == 0.0 and out[pieces.index("']")] == 5.0
+    cb.begin("label it 'needs triage' please")
+    cb.feed('{"label": "needs triage')
+    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    assert out[pieces.index('"')] == 3.0  # a quoted span still ends at its closing quote

@@ -13,7 +13,14 @@ from services.engine.slot_training import (
     length_batches,
     make_examples,
 )
-from services.engine.slots import clean_span, slot_context, slot_params, slot_question, top_spans
+from services.engine.slots import (
+    balance_span,
+    clean_span,
+    slot_context,
+    slot_params,
+    slot_question,
+    top_spans,
+)
 from services.evals.data import QueryLine
 
 TOOL = parse_tool({
@@ -37,6 +44,16 @@ def test_top_spans_are_the_best_pairs_inside_the_context_scored_against_not_stat
     assert second[2] <= score and (second[0], second[1]) != (2, 4)
     i, j, _ = top_spans(start, end, mask, max_tokens=2)[0]  # (2, 4) is 3 tokens long
     assert j - i < 2
+
+
+def test_a_span_never_crosses_a_line_break_of_the_context():
+    start = np.array([0.0, 6.0, 0.0, 1.0])
+    end = np.array([0.0, 0.0, 0.0, 7.0])
+    mask = np.array([False, True, True, True])
+    assert top_spans(start, end, mask)[0][:2] == (1, 3)  # the best pair runs from line 0 into line 1
+    lines = np.array([-1, 0, 0, 1])
+    i, j, _ = top_spans(start, end, mask, lines=lines)[0]
+    assert lines[i] == lines[j] and (i, j) != (1, 3)
 
 
 def test_parameters_a_span_can_state_and_their_questions():
@@ -122,6 +139,21 @@ def test_trained_reader_splits_owner_and_repo_and_leaves_unstated_numbers(reader
     assert "per_page" not in hints
 
 
+def test_trained_reader_hints_never_cross_a_turn_of_the_window(reader):
+    tool = parse_tool({"name": "resources_get", "description": "Get a Kubernetes resource",
+                       "inputSchema": {"type": "object", "properties": {
+                           "apiVersion": {"type": "string", "description": "apiVersion of the resource"},
+                           "kind": {"type": "string", "description": "kind of the resource"},
+                           "name": {"type": "string", "description": "Name of the resource"},
+                           "namespace": {"type": "string", "description": "Namespace of the resource"}}}})
+    # the reader's free answer for namespace was "shop.\nDeployments in shop" (held-out line t-0629)
+    source = ("List the apps/v1 Deployments in namespace shop.\nDeployments in shop: checkout, cart, catalog."
+              "\nshow me the full spec of cart")
+    hints = reader.hints(tool, source)
+    assert hints and all("\n" not in h.text(source) for h in hints.values())
+    assert hints["namespace"].text(source) == "shop"
+
+
 def test_trained_reader_was_validated_on_the_tune_split(reader):
     meta = reader.meta
     assert meta["n_val_lines"] > 100 and meta["n_train_lines"] > 1000
@@ -134,6 +166,22 @@ def test_a_quoted_span_ends_at_its_closing_quote():
     assert ctx[slice(*clean_span(ctx, a, ctx.index(" details") + 8))] == "bug"
     assert ctx[slice(*clean_span(ctx, ctx.index("octo"), len(ctx)))] == "octo-org/web-app"  # not quoted
     assert clean_span(" x ", 0, 3) == (1, 2)
+
+
+@pytest.mark.parametrize("context,answer,want", [
+    ("the selector a[href='/signup']. Click it", "a[href='/signup", "a[href='/signup']"),  # tune line t-0884
+    ("puppeteer eval: localStorage.clear()", "localStorage.clear", "localStorage.clear()"),  # t-0896
+    ("run: SELECT count(*) FROM invoices;", "SELECT count(*) FROM invoices", "SELECT count(*) FROM invoices;"),
+    ("fly to O'Hare today", "O'Hare", "O'Hare"),  # an apostrophe opens nothing
+    ("label 'bug' and tag it; then go", "tag it", "tag it"),  # a semicolon inside prose stays out
+    ("run get_weather(city) then (later) stop", "get_weather", "get_weather(city)"),
+    ("stop now (see /srv/app) please", "stop now", "stop now"),  # a parenthesis after a space is no call
+    ("SELECT count(*\nFROM x)", "SELECT count(*", "SELECT count(*"),  # never across a line
+])
+def test_a_span_closes_what_it_opened(context, answer, want):
+    a = context.index(answer)
+    x, y = balance_span(context, a, a + len(answer))
+    assert context[x:y] == want
 
 
 def _reader_with(scores, candidates=0, threshold=0.0):
@@ -167,9 +215,12 @@ def test_number_parameters_take_only_numbers_and_scores_below_threshold_give_no_
     tool = parse_tool({"name": "wait", "description": "", "inputSchema": {"type": "object", "properties": {
         "time": {"type": "number"}, "text": {"type": "string"}}}})
     scores = {"time": [(6, 15, 4.0), (6, 7, 3.0)], "text": [(0, 5, -1.0)]}
-    assert _reader_with(scores).hints(tool, q) == {}  # best span "5 seconds" is not a number: no hint
-    hints = _reader_with(scores, candidates=2).hints(tool, q)
-    assert {k: q[h.start:h.end] for k, h in hints.items()} == {"time": "5"}
+    # the best span "5 seconds" is not a number: the best one that is takes its place ("text" stays below)
+    for candidates in (0, 2):
+        hints = _reader_with(scores, candidates=candidates).hints(tool, q)
+        assert {k: q[h.start:h.end] for k, h in hints.items()} == {"time": "5"} and hints["time"].score == 3.0
+    scores["time"] = [(6, 15, 4.0), (0, 5, 3.0)]
+    assert _reader_with(scores).hints(tool, q) == {}  # no number among its spans: no hint
 
 
 def test_silent_parameters_are_the_unhinted_ones_a_span_could_state_except_enums():
