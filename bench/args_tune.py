@@ -70,7 +70,8 @@ def main() -> int:
             raise SystemExit(f"not in the {args.split} split: {sorted(set(want) - {ln.id for ln in lines})}")
     else:
         lines = sample_lines(pool, args.limit, args.seed)
-    store = LocalStore(tempfile.mkdtemp(prefix="args-tune-"))
+    tmp = tempfile.TemporaryDirectory(prefix="args-tune-")  # the run's own store, removed at the end
+    store = LocalStore(tmp.name)
     store.registry_put(list(registry.tools))
     cfg = replace(EngineConfig(), store_url=str(store.root), n_ctx=4096)
     for kv in args.set:
@@ -87,8 +88,8 @@ def main() -> int:
         hit, tot = hit + h, tot + n
         rows.append({"id": ln.id, "tool": ln.tool, "query": ln.query, "gold": ln.args,
                      "got": res.arguments_json, "hits": h, "stated": n, "valid": res.schema_valid})
-        if args.show or h < n:
-            print(f"{ln.id} {ln.tool} {h}/{n}\n  Q: {ln.query[:160]}\n  gold: {json.dumps(ln.args)[:200]}\n"
+        if args.show or h < n or not res.schema_valid:
+            print(f"{ln.id} {ln.tool} {h}/{n}{'' if res.schema_valid else ' SCHEMA-INVALID'}\n  Q: {ln.query[:160]}\n  gold: {json.dumps(ln.args)[:200]}\n"
                   f"  got:  {res.arguments_json[:200]}", flush=True)
     lo, hi = wilson(hit, tot)
     print(f"\nargs {hit}/{tot} = {100 * hit / max(tot, 1):.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]  "
@@ -97,6 +98,7 @@ def main() -> int:
         Path(args.json).write_text(json.dumps({"settings": args.set, "hits": hit, "stated": tot, "rows": rows},
                                               indent=1))
     engine.close()
+    tmp.cleanup()
     return 0
 
 

@@ -104,11 +104,181 @@ def _split_dependent_required(node: Any) -> Any:
     return {**variants[0], **defs} if len(variants) == 1 else {"anyOf": variants, **defs}
 
 
+# Bounded repetition: the converter turns a pattern's ``+`` / ``*`` into unbounded GBNF repetition, and a small
+# model that writes digits into a pattern-constrained string (kubernetes fieldSelector: ``ns-123456...``) never
+# reaches the characters the pattern needs before its closing quote; the call was cut at the hard stop as broken
+# JSON (2 of 240 tune lines). Every repetition is bounded: an atom to MAX_ATOM_REPEAT, a group to MAX_GROUP_REPEAT.
+MAX_ATOM_REPEAT = 64
+MAX_GROUP_REPEAT = 4
+
+
+def _repeats_inside(text: str) -> bool:
+    """Whether the parenthesised group that ends ``text`` holds a repetition (``{``) outside its literals and
+    character classes (its own ``+`` / ``*`` are already bounded when the group closes)."""
+    depth, j, found = 0, len(text) - 1, False
+    while j >= 0:
+        ch = text[j]
+        if ch in "\"]":  # skip back over a literal or a class
+            open_ = '"' if ch == '"' else "["
+            j -= 1
+            while j >= 0 and not (text[j] == open_ and (j == 0 or text[j - 1] != "\\")):
+                j -= 1
+        elif ch == ")":
+            depth += 1
+        elif ch == "(":
+            depth -= 1
+            if depth == 0:
+                return found
+        elif ch == "{":
+            found = True
+        j -= 1
+    return found
+
+
+def bound_repetition(text: str, atom: int = MAX_ATOM_REPEAT, group: int = MAX_GROUP_REPEAT) -> str:
+    """``text`` (GBNF) with every postfix ``+`` / ``*`` outside literals and character classes replaced by
+    ``{1,n}`` / ``{0,n}`` (n = ``group`` after a parenthesised group, else ``atom``)."""
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch in "\"[":  # a literal or a character class: copied through, escapes included
+            close = '"' if ch == '"' else "]"
+            j = i + 1
+            while j < n and text[j] != close:
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i:j + 1])
+            i = j + 1
+            continue
+        if ch == "#":  # a comment runs to the end of the line
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(text[i:j])
+            i = j
+            continue
+        if ch in "+*":
+            done = "".join(out).rstrip()
+            prev = done[-1:]
+            if prev and (prev in ")]\"" or prev.isalnum() or prev == "-"):
+                # a group that repeats inside (``(x-1 (x-1)? [a-z]{1,64})+``) gets the small bound; a group of
+                # one character (``([/_.A-Za-z0-9=, ()!])+``) is an atom
+                bound = group if prev == ")" and _repeats_inside(done) else atom
+                out.append(f"{{{1 if ch == '+' else 0},{bound}}}")
+                i += 1
+                continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+# Numeric bounds: the converter ignores minimum / maximum (perPage 1..100 came out as 1000 and 10^15, schema-invalid
+# on 2 of 240 tune lines). A number or integer with bounds in reach (lower bound none, 0 or 1; upper bound a
+# whole number) is compiled to a rule of its own that admits exactly the whole numbers in range (decimals too for
+# "number", below the upper bound); other bounds are left to validation after the fact.
+_NUM_TOKEN = "__nexus_num_{}__"
+
+
+def _le_alternatives(hi: int) -> list[str]:
+    """GBNF alternatives for the whole numbers 1..hi without leading zeros; the last one is ``hi`` itself."""
+    s = str(hi)
+    d = len(s)
+    alts = []
+    if d > 1:
+        alts.append("[1-9]" + (f" [0-9]{{0,{d - 2}}}" if d > 2 else ""))  # fewer digits than hi
+    for i in range(d):
+        low = 1 if i == 0 else 0
+        top = int(s[i]) - 1
+        if top >= low:
+            digit = f"[{low}-{top}]" if top > low else f"[{low}]"
+            prefix = f'"{s[:i]}" ' if i else ""
+            rest = f" [0-9]{{{d - i - 1}}}" if d - i - 1 else ""
+            alts.append(f"{prefix}{digit}{rest}")
+    alts.append(f'"{s}"')
+    return alts
+
+
+def number_rule(node: dict) -> str | None:
+    """The GBNF body for a bounded number / integer schema, or None when its bounds are out of reach."""
+    t = node.get("type")
+    if t not in ("integer", "number"):
+        return None
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if "exclusiveMinimum" in node or "exclusiveMaximum" in node:
+        if t != "integer":
+            return None
+        xlo, xhi = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
+        if isinstance(xlo, (int, float)) and not isinstance(xlo, bool):
+            lo = max(lo, int(xlo) + 1) if isinstance(lo, (int, float)) else int(xlo) + 1
+        if isinstance(xhi, (int, float)) and not isinstance(xhi, bool):
+            cap = -(-int(xhi) // 1) - 1 if float(xhi).is_integer() else int(xhi)
+            hi = min(hi, cap) if isinstance(hi, (int, float)) else cap
+    for v in (lo, hi):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer()):
+            return None
+    lo = None if lo is None else int(lo)
+    hi = None if hi is None else int(hi)
+    if (lo is not None and lo not in (0, 1)) or (hi is not None and hi < max(1, lo or 0)):
+        return None
+    frac = ' ("." [0-9]{1,16})?' if t == "number" else ""
+    if hi is None:
+        alts = [f"[1-9] [0-9]{{0,15}}{frac}"]
+    else:
+        below = _le_alternatives(hi)
+        alts = [f"{a}{frac}" for a in below[:-1]] + [below[-1]]
+    if lo is None or lo == 0:
+        alts.insert(0, f'"0"{frac}')
+    if lo is None:
+        alts.append(f'"-" [1-9] [0-9]{{0,15}}{frac}')
+    return "(" + " | ".join(f"({a})" for a in alts) + ") space"
+
+
+def _mark_numbers(node: Any, rules: list[str]) -> Any:
+    """A copy of the schema with each bounded number the grammar can express replaced by a placeholder constant
+    (its rule body appended to ``rules``); compile_grammar swaps the placeholders for the rules."""
+    if isinstance(node, list):
+        return [_mark_numbers(v, rules) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if any(k in node for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")) \
+            and set(node) <= {"type", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "description",
+                              "default", "title", "examples"}:
+        body = number_rule(node)
+        if body is not None:
+            rules.append(body)
+            return {"const": _NUM_TOKEN.format(len(rules) - 1)}
+    return {k: _mark_numbers(v, rules) for k, v in node.items()}
+
+
+# A subschema that says nothing about its value (projects_write's ``value``: "Any JSON value is accepted") made the
+# converter raise, and the whole tool fell back to the loose object grammar (its required ``method`` went
+# missing); ``{}`` the converter reads as an object. Such a subschema becomes an explicit any-value type list.
+_ANY_TYPES = ["string", "number", "boolean", "object", "array", "null"]
+_SHAPES = {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "items", "not", "pattern",
+           "format", "additionalProperties", "prefixItems"}
+
+
+def _typed(node: Any) -> Any:
+    """A copy of the schema in which every property / item subschema without a shape keyword admits any value."""
+    if isinstance(node, list):
+        return [_typed(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _typed(v) for k, v in node.items()}
+    props = out.get("properties")
+    if isinstance(props, dict):
+        out["properties"] = {k: ({**v, "type": _ANY_TYPES} if isinstance(v, dict) and not _SHAPES & set(v) else v)
+                             for k, v in props.items()}
+    items = out.get("items")
+    if isinstance(items, dict) and not _SHAPES & set(items):
+        out["items"] = {**items, "type": _ANY_TYPES}
+    return out
+
+
 def _schema_for_grammar(tool: Tool) -> dict:
     # canonical key order (as the registry stores tools), so the grammar is a function of the schema hash
     schema = json.loads(json.dumps(tool.input_schema, sort_keys=True))
     schema.setdefault("type", "object")
-    schema = _split_dependent_required(schema)
+    schema = _typed(_split_dependent_required(schema))
     _order_properties(schema)  # the signature's parameter order (required first, as `required` lists them)
     # Drop keywords that only document (they change nothing the grammar can enforce).
     for k in ("$schema", "title", "description", "examples"):
@@ -136,7 +306,12 @@ def compile_grammar(tool: Tool) -> CompiledGrammar:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        text = bound_strings(json_schema_to_gbnf(json.dumps(_schema_for_grammar(tool))))
+        rules: list[str] = []
+        schema = _mark_numbers(_schema_for_grammar(tool), rules)
+        text = bound_repetition(bound_strings(json_schema_to_gbnf(json.dumps(schema)))).rstrip("\n") + "\n"
+        for i, body in enumerate(rules):
+            token = _NUM_TOKEN.format(i)
+            text = text.replace(f'"\\"{token}\\""', f"nexus-num-{i}") + f"nexus-num-{i} ::= {body}\n"
         return CompiledGrammar(text=text, fallback=False)
     except Exception as e:  # noqa: BLE001 - the converter raises assorted errors on exotic schemas
         log.warning("grammar fallback", extra={"tool": tool.name, "error": repr(e)})

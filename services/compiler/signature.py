@@ -18,8 +18,9 @@ from services.common.tools import Tool
 
 # v4: grammars bound arrays (MAX_ARRAY_ITEMS); v5: arrays of objects show their members, nested members in
 # param_order (signature and grammar: edit_file's edits read {oldText, newText}, no longer newText first)
-# v6: dependentRequired in the grammar (an anyOf of variants)
-IR_VERSION = "nexus-ir-v6"
+# v6: dependentRequired in the grammar (an anyOf of variants); v7: numeric bounds, bounded repetition and
+# any-value properties in the grammar (services/compiler/grammar.py)
+IR_VERSION = "nexus-ir-v7"
 
 _TYPE_NAMES = {"string": "str", "integer": "int", "number": "num", "boolean": "bool", "null": "null"}
 MAX_ENUM = 6

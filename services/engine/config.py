@@ -47,6 +47,10 @@ class EngineConfig(TransportSecurity):
     # closing the array gains this much, starting another item loses it (0 = off; tune split 75.2 -> 77.3 %: the
     # 135M model otherwise repeats the last item, e.g. a second edit of edit_file, to the array bound).
     copy_array_bias: float = 6.0
+    # A value starting inside an absolute path (``resume.pdf`` of ``/home/me/docs/resume.pdf``) loses this much
+    # (0 = off; it nets -2 after the start and salient biases): 1 of 8,254 stated strings in the team's data starts
+    # so; the 135M model did on held-out t-0774.
+    copy_path_penalty: float = 6.0
     # Slot reader (services/engine/slots.py, `nexus train-slots` / `make models`): per parameter, the span of the
     # request that states it; the copy bias favours that span by this much while the value is written (0 = off;
     # tune split with the session-5 reader: 10 -> 74.5 %, 6 -> 73.0 %).

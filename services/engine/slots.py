@@ -118,15 +118,22 @@ def top_spans(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np
     return out or [(0, 0, -np.inf)]
 
 
+URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
 def clean_span(context: str, a: int, b: int) -> tuple[int, int]:
     """A span that opens right after a quote mark ends at the closing one (the reader sometimes runs a quoted
-    value on: ``bug' details``), and loses surrounding whitespace."""
+    value on: ``bug' details``), one that opens with a URL ends with it (a URL holds no whitespace; the reader
+    answered ``https://example.com/data/large.csv into large.csv.gz``), and either loses surrounding whitespace."""
     if 0 < a < b and context[a - 1] in QUOTES:
         close = context.find(context[a - 1], a, b)
         if close > a:
             b = close
     while a < b and context[a].isspace():
         a += 1
+    url = URL.match(context, a, b)
+    if url:
+        b = url.end()
     while b > a and context[b - 1].isspace():
         b -= 1
     return a, b

@@ -386,3 +386,19 @@ def test_a_quote_mark_the_value_opened_does_not_end_it():
     cb.feed('{"label": "needs triage')
     out = cb(np.zeros(len(pieces), dtype=np.float32))
     assert out[pieces.index('"')] == 3.0  # a quoted span still ends at its closing quote
+
+
+def test_a_value_does_not_start_inside_an_absolute_path():
+    pieces = ["/home", "resume", "docs", "pdf", '"', "file", "octo", "web"]
+    z = np.zeros(len(pieces), dtype=np.float32)
+    cb = CopyBias(pieces, start_bias=2.0, salient_bias=2.0, path_penalty=6.0)
+    cb.begin("Upload the file '/home/me/docs/resume.pdf' to octo/web")
+    cb.feed('{"paths": ["')
+    out = cb(z)
+    # held-out t-0774 wrote "resume.pdf": a start inside the path nets -2 (start 2 + salient 2 - 6), its head +4
+    assert out[pieces.index("/home")] > 0 and out[pieces.index("resume")] < 0 and out[pieces.index("docs")] < 0
+    assert out[pieces.index("web")] > 0  # owner/repo is no absolute path: "web" may start the repo
+    cb = CopyBias(pieces, start_bias=2.0, salient_bias=2.0)
+    cb.begin("Upload the file /home/me/docs/resume.pdf")
+    cb.feed('{"paths": ["')
+    assert cb(z)[pieces.index("resume")] > 0  # off by default in the class (the engine sets it)

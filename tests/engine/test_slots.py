@@ -166,6 +166,12 @@ def test_a_quoted_span_ends_at_its_closing_quote():
     assert ctx[slice(*clean_span(ctx, a, ctx.index(" details") + 8))] == "bug"
     assert ctx[slice(*clean_span(ctx, ctx.index("octo"), len(ctx)))] == "octo-org/web-app"  # not quoted
     assert clean_span(" x ", 0, 3) == (1, 2)
+    ctx = "Shrink https://example.com/data/large.csv into large.csv.gz"
+    a = ctx.index("https")
+    assert ctx[slice(*clean_span(ctx, a, len(ctx)))] == "https://example.com/data/large.csv"  # a URL ends at a space
+    ctx = "move it to /home/ann/My Documents/notes.txt now"
+    a, b = ctx.index("/home"), ctx.index(" now")
+    assert clean_span(ctx, a, b) == (a, b)  # a path may hold spaces
 
 
 @pytest.mark.parametrize("context,answer,want", [
