@@ -24,6 +24,9 @@ Grounded values (engine defaults; 99.3 % of the stated non-enum strings in the t
 * path penalty: tokens that would start a value only *inside* an absolute path (``resume.pdf`` of
   ``/home/me/docs/resume.pdf``) lose ``path_penalty`` (1 of 8,254 stated strings in the team's data starts so).
 
+* pending keys: while a hinted parameter is not written yet, tokens that close the top-level object lose
+  ``pending_bias`` (the model otherwise stops before stated values).
+
 * closing arrays: in an array whose values copy quoted text of the request, once every quoted span of the
   request has been written, tokens that end the item and close the array gain ``array_bias`` and those that
   end it and open another lose it (the 135M model otherwise repeats ``"on-call this week"`` to the array bound).
@@ -228,18 +231,24 @@ class CopyBias:
                  close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
                  reuse_penalty: float = 0.0, word_penalty: float = 0.0, hint_bias: float = 0.0,
                  key_bias: float = 0.0, array_bias: float = 0.0, path_penalty: float = 0.0,
-                 max_piece_chars: int = 24):
+                 pending_bias: float = 0.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
         self.hint_bias, self.key_bias, self.array_bias = hint_bias, key_bias, array_bias
         self.salient_bias = salient_bias
         self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
-        self.path_penalty = path_penalty
+        self.path_penalty, self.pending_bias = path_penalty, pending_bias
         self.by_text: dict[str, list[int]] = {}
         self.open_text: dict[str, list[int]] = {}
         close, ends, quotes, structural = [], [], [], []
+        shut, shut_value = [], []  # tokens that close the object: after a value / ending a string value first
         for i, p in enumerate(pieces):
             if not p:
                 continue
+            bare = "".join(p.split())
+            if bare.startswith("}") and set(bare) <= set("}],"):
+                shut.append(i)
+            if bare.startswith('"}') and set(bare[1:]) <= set("}],"):
+                shut_value.append(i)
             if set(p) <= set('"}],{ \n\t') and ("," in p or "]" in p):
                 structural.append((i, "".join(p.split())))  # may end an array item: ", {", "},", "\"]"
             if p.strip() == '"':
@@ -260,6 +269,8 @@ class CopyBias:
                 continue  # a bare quote never continues a value: it closes it
             self.by_text.setdefault(p, []).append(i)
         self.close_ids = np.asarray(close, dtype=np.int64)
+        self.shut_ids = np.asarray(shut, dtype=np.int64)
+        self.shut_value_ids = np.asarray(shut_value, dtype=np.int64)
         self.end_ids = np.asarray(ends, dtype=np.int64)
         self.quote_ids = np.asarray(quotes, dtype=np.int64)
         # per position (inside a string value?, inside an object that is an array item?): the tokens that end the
@@ -465,9 +476,24 @@ class CopyBias:
         out[another[another < n]] -= self.array_bias
         return out
 
+    def _hold_open(self, logits: np.ndarray) -> np.ndarray:
+        """The top-level object is open and a hinted parameter is not written yet: tokens that would close the
+        object lose ``pending_bias`` (the 135M model closed before stated values: ``run_id``, ``commit_title``)."""
+        sc = self.scanner
+        if len(sc.stack) != 1 or (sc.in_string and not sc.in_value):
+            return logits
+        if not set(self.hints) - set(sc.top_keys):
+            return logits
+        ids = self.shut_value_ids if sc.in_value else self.shut_ids
+        out = np.array(logits, copy=True)
+        out[ids[ids < out.shape[0]]] -= self.pending_bias
+        return out
+
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if self.array_bias and self.source and self.scanner.array_from:
             logits = self._close_spent_array(logits)
+        if self.pending_bias and self.hints:
+            logits = self._hold_open(logits)
         if self.key_bias and self.source and (self.hints or self.silent):
             partial = self.scanner.top_key
             if partial is not None:

@@ -260,7 +260,8 @@ class Engine:
                                        salient_bias=c.copy_salient_bias, span_penalty=c.copy_span_penalty,
                                        reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty,
                                        hint_bias=c.slot_hint_bias, key_bias=c.slot_key_bias,
-                                       array_bias=c.copy_array_bias, path_penalty=c.copy_path_penalty)
+                                       array_bias=c.copy_array_bias, path_penalty=c.copy_path_penalty,
+                                       pending_bias=c.slot_pending_bias if c.slot_hint_bias else 0.0)
         return self._copy_bias
 
     def slot_hints(self, tool, source: str) -> dict[str, tuple[int, int]]:

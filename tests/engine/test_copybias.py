@@ -402,3 +402,25 @@ def test_a_value_does_not_start_inside_an_absolute_path():
     cb.begin("Upload the file /home/me/docs/resume.pdf")
     cb.feed('{"paths": ["')
     assert cb(z)[pieces.index("resume")] > 0  # off by default in the class (the engine sets it)
+
+
+def test_the_object_stays_open_while_a_hinted_parameter_is_unwritten():
+    pieces = ["}", " }", '"}', '",', ",", '"', "5"]
+    z = np.zeros(len(pieces), dtype=np.float32)
+    src = "Why did run 5550001234 in octo-org/web-app fail?"
+    hints = {"owner": (src.index("octo"), src.index("/web")), "run_id": (12, 22)}
+    cb = CopyBias(pieces, hint_bias=10.0, pending_bias=8.0)
+    cb.begin(src, hints)
+    cb.feed('{"owner": "octo-org", "repo": "web-app"')
+    out = cb(z)
+    # tune line t-0292 closed here and left out run_id
+    assert out[pieces.index("}")] == -8.0 and out[pieces.index(" }")] == -8.0 and out[pieces.index(",")] == 0.0
+    cb.feed(', "repo": "web-ap')  # inside a string value: the quote that also closes the object loses it
+    out = cb(z)
+    assert out[pieces.index('"}')] < 0 and out[pieces.index('",')] >= 0
+    cb.begin(src, hints)
+    cb.feed('{"owner": "octo-org", "run_id": 5550001234')
+    assert cb(z)[pieces.index("}")] == 10.0  # all hinted parameters written: no penalty (the number hint ends here)
+    cb.begin(src, hints)
+    cb.feed('{"owner": "octo-org", "items": [{"a": 1')
+    assert cb(z)[pieces.index("}")] == 0.0  # a nested object closes freely
