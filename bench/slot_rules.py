@@ -109,7 +109,31 @@ def main() -> int:
         print(f"{name:36s} stated exact {exact / n_pos:.3f}  hint precision {right / max(1, hinted):.3f}  "
               f"accuracy {correct / len(examples):.3f}")
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    plot(out, Path(args.json).with_suffix(".png"))
     return 0
+
+
+def plot(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(out["arms"])
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.27
+    for j, (metric, label) in enumerate((("stated_exact", "stated exact"), ("hint_precision", "hint precision"),
+                                         ("accuracy", "accuracy at threshold"))):
+        vals = [100 * out["arms"][n][metric] for n in names]
+        ax.bar([i + (j - 1) * width for i in range(len(names))], vals, width, label=label)
+    ax.set_xticks(range(len(names)), [n.replace("+", "+\n") for n in names], fontsize=7)
+    ax.set_ylim(40, 100)
+    ax.set_ylabel("%")
+    ax.set_title(f"slot reader span rules, validation (tune split): {out['n_stated']} stated of {out['n']} questions")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
