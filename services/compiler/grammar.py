@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,9 +209,10 @@ def number_rule(node: dict) -> str | None:
             return None
         xlo, xhi = node.get("exclusiveMinimum"), node.get("exclusiveMaximum")
         if isinstance(xlo, (int, float)) and not isinstance(xlo, bool):
-            lo = max(lo, int(xlo) + 1) if isinstance(lo, (int, float)) else int(xlo) + 1
+            floor = math.floor(xlo) + 1  # the least integer above it
+            lo = max(lo, floor) if isinstance(lo, (int, float)) else floor
         if isinstance(xhi, (int, float)) and not isinstance(xhi, bool):
-            cap = -(-int(xhi) // 1) - 1 if float(xhi).is_integer() else int(xhi)
+            cap = math.ceil(xhi) - 1  # the greatest integer below it
             hi = min(hi, cap) if isinstance(hi, (int, float)) else cap
     for v in (lo, hi):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer()):

@@ -329,7 +329,7 @@ class CopyBias:
                 lead = word
                 while lead < p and source[lead] in QUOTES + "(":
                     lead += 1
-                if p > lead + 1 and source[lead:lead + 2] == "~/" or p > lead and source[lead] == "/":
+                if (p > lead and source[lead] == "/") or (p > lead + 1 and source[lead:lead + 2] == "~/"):
                     inner |= here  # inside /home/me/docs/resume.pdf: not where a stated value starts
                 else:
                     outer |= here
