@@ -137,6 +137,7 @@ def _bounded(prop):
     ({"type": "integer", "minimum": 1, "maximum": 9007199254740991}, ["1", "9007199254740991", "4000000000000000"],
      ["0", "9007199254740992"]),
     ({"type": "integer", "maximum": 30}, ["-4", "0", "29", "30"], ["31", "100"]),
+    ({"type": "integer", "exclusiveMinimum": -0.5, "exclusiveMaximum": 10.5}, ["0", "10"], ["-1", "11"]),
 ])
 def test_numeric_bounds_are_compiled_into_the_grammar(vocab, prop, good, bad):
     import json
