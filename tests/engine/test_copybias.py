@@ -343,65 +343,57 @@ def test_an_array_closes_only_when_it_copies_quoted_text_and_all_of_it_is_writte
     assert np.array_equal(off(z), z)
 
 
+def _after(pieces, source, written, **kw):
+    """The copy bias (``kw``) on zero logits once ``written`` is generated for a request ``source``, by piece."""
+    cb = CopyBias(pieces, **kw)
+    cb.begin(source)
+    cb.feed(written)
+    return dict(zip(pieces, cb(np.zeros(len(pieces), dtype=np.float32)), strict=True))
+
+
+SPAN = {"continue_bias": 5.0, "close_bias": 3.0, "span_penalty": 30.0}
+
+
 def test_a_parenthesis_the_value_opened_does_not_end_it():
     pieces = [")", " FROM", '"', '",', "*"]
-    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
-    cb.begin("Count them: SELECT count(*) FROM invoices; then stop (see /srv/app) now")
-    cb.feed('{"sql": "SELECT count(*')
-    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    out = _after(pieces, "Count them: SELECT count(*) FROM invoices; then stop (see /srv/app) now",
+                 '{"sql": "SELECT count(*', **SPAN)
     # the query goes on: ")" continues the span (it lost the 30-point span penalty before), no close bias here
-    assert out[pieces.index(")")] == 5.0 and out[pieces.index('"')] == 0.0
-    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
-    cb.begin("then stop (see /srv/app) now")
-    cb.feed('{"path": "/srv/app')
-    out = cb(np.zeros(len(pieces), dtype=np.float32))
-    assert out[pieces.index('"')] > 0 and out[pieces.index(")")] < 0  # a parenthesis the value did not open ends it
+    assert out[")"] == 5.0 and out['"'] == 0.0
+    out = _after(pieces, "then stop (see /srv/app) now", '{"path": "/srv/app', **SPAN)
+    assert out['"'] > 0 and out[")"] < 0  # a parenthesis the value did not open ends it
 
 
 def test_a_semicolon_that_ends_the_request_belongs_to_the_statement():
     pieces = [";", '"', '",']
-    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
-    cb.begin("count the rows: SELECT count(*) FROM invoices;")
-    cb.feed('{"sql": "SELECT count(*) FROM invoices')
-    out = cb(np.zeros(len(pieces), dtype=np.float32))
-    assert out[pieces.index(";")] == 5.0 and out[pieces.index('"')] == 0.0  # was cut: ";" read as sentence end
-    cb.feed(";")
-    assert cb(np.zeros(len(pieces), dtype=np.float32))[pieces.index('"')] > 0  # the text ends: the value closes
-    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0, span_penalty=30.0)
-    cb.begin("tag it urgent; then close it")
-    cb.feed('{"label": "urgent')
-    out = cb(np.zeros(len(pieces), dtype=np.float32))
-    assert out[pieces.index('"')] > 0 and out[pieces.index(";")] < 0  # a semicolon inside prose still ends it
+    src = "count the rows: SELECT count(*) FROM invoices;"
+    out = _after(pieces, src, '{"sql": "SELECT count(*) FROM invoices', **SPAN)
+    assert out[";"] == 5.0 and out['"'] == 0.0  # was cut: ";" read as sentence end
+    out = _after(pieces, src, '{"sql": "SELECT count(*) FROM invoices;', **SPAN)
+    assert out['"'] > 0  # the text ends: the value closes
+    out = _after(pieces, "tag it urgent; then close it", '{"label": "urgent', **SPAN)
+    assert out['"'] > 0 and out[";"] < 0  # a semicolon inside prose still ends it
 
 
 def test_a_quote_mark_the_value_opened_does_not_end_it():
     pieces = ["']", '"', '",', "'"]
-    cb = CopyBias(pieces, continue_bias=5.0, close_bias=3.0)
-    cb.begin("The link matches the selector a[href='/signup'].")
-    cb.feed('{"selector": "a[href=\'/signup')
-    out = cb(np.zeros(len(pieces), dtype=np.float32))
+    out = _after(pieces, "The link matches the selector a[href='/signup'].", '{"selector": "a[href=\'/signup',
+                 continue_bias=5.0, close_bias=3.0)
     # tune line t-0884 closed at "/signup": the quote read as the end of a quoted span and gained the close bias
-    assert out[pieces.index('"')] == 0.0 and out[pieces.index("']")] == 5.0
-    cb.begin("label it 'needs triage' please")
-    cb.feed('{"label": "needs triage')
-    out = cb(np.zeros(len(pieces), dtype=np.float32))
-    assert out[pieces.index('"')] == 3.0  # a quoted span still ends at its closing quote
+    assert out['"'] == 0.0 and out["']"] == 5.0
+    out = _after(pieces, "label it 'needs triage' please", '{"label": "needs triage', continue_bias=5.0, close_bias=3.0)
+    assert out['"'] == 3.0  # a quoted span still ends at its closing quote
 
 
 def test_a_value_does_not_start_inside_an_absolute_path():
     pieces = ["/home", "resume", "docs", "pdf", '"', "file", "octo", "web"]
-    z = np.zeros(len(pieces), dtype=np.float32)
-    cb = CopyBias(pieces, start_bias=2.0, salient_bias=2.0, path_penalty=6.0)
-    cb.begin("Upload the file '/home/me/docs/resume.pdf' to octo/web")
-    cb.feed('{"paths": ["')
-    out = cb(z)
+    out = _after(pieces, "Upload the file '/home/me/docs/resume.pdf' to octo/web", '{"paths": ["',
+                 start_bias=2.0, salient_bias=2.0, path_penalty=6.0)
     # held-out t-0774 wrote "resume.pdf": a start inside the path nets -2 (start 2 + salient 2 - 6), its head +4
-    assert out[pieces.index("/home")] > 0 and out[pieces.index("resume")] < 0 and out[pieces.index("docs")] < 0
-    assert out[pieces.index("web")] > 0  # owner/repo is no absolute path: "web" may start the repo
-    cb = CopyBias(pieces, start_bias=2.0, salient_bias=2.0)
-    cb.begin("Upload the file /home/me/docs/resume.pdf")
-    cb.feed('{"paths": ["')
-    assert cb(z)[pieces.index("resume")] > 0  # off by default in the class (the engine sets it)
+    assert out["/home"] > 0 and out["resume"] < 0 and out["docs"] < 0
+    assert out["web"] > 0  # owner/repo is no absolute path: "web" may start the repo
+    out = _after(pieces, "Upload the file /home/me/docs/resume.pdf", '{"paths": ["', start_bias=2.0, salient_bias=2.0)
+    assert out["resume"] > 0  # off by default in the class (the engine sets it)
 
 
 def test_the_object_stays_open_while_a_hinted_parameter_is_unwritten():
