@@ -25,7 +25,13 @@ Grounded values (engine defaults; 99.3 % of the stated non-enum strings in the t
   ``/home/me/docs/resume.pdf``) lose ``path_penalty`` (1 of 8,254 stated strings in the team's data starts so).
 
 * pending keys: while a hinted parameter is not written yet, tokens that close the top-level object lose
-  ``pending_bias`` (the model otherwise stops before stated values).
+  ``pending_bias`` (the model otherwise stops before stated values), and so do tokens that spell a key the
+  grammar's order puts after it (writing one would put the pending parameter out of reach).
+
+* choices: for a top-level enum or boolean parameter whose value the request names in its words
+  (services/engine/choices.py: ``get_diff`` for "the diff", ``false`` for "not recursive"), the tokens that spell
+  that value gain ``hint_bias`` while it is written (in place of the reader's span and of copying: the value is
+  mapped, not copied), and it is pending like a hinted parameter.
 
 * closing arrays: in an array whose values copy quoted text of the request, once every quoted span of the
   request has been written, tokens that end the item and close the array gain ``array_bias`` and those that
@@ -36,6 +42,7 @@ Character-level matching: the request and the value tokenize differently (" EU" 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 
@@ -231,12 +238,12 @@ class CopyBias:
                  close_bias: float = 3.0, salient_bias: float = 2.0, span_penalty: float = 0.0,
                  reuse_penalty: float = 0.0, word_penalty: float = 0.0, hint_bias: float = 0.0,
                  key_bias: float = 0.0, array_bias: float = 0.0, path_penalty: float = 0.0,
-                 pending_bias: float = 0.0, max_piece_chars: int = 24):
+                 pending_bias: float = 0.0, hint_penalty: float = 0.0, max_piece_chars: int = 24):
         self.start_bias, self.continue_bias, self.close_bias = start_bias, continue_bias, close_bias
         self.hint_bias, self.key_bias, self.array_bias = hint_bias, key_bias, array_bias
         self.salient_bias = salient_bias
         self.span_penalty, self.reuse_penalty, self.word_penalty = span_penalty, reuse_penalty, word_penalty
-        self.path_penalty, self.pending_bias = path_penalty, pending_bias
+        self.path_penalty, self.pending_bias, self.hint_penalty = path_penalty, pending_bias, hint_penalty
         self.by_text: dict[str, list[int]] = {}
         self.open_text: dict[str, list[int]] = {}
         close, ends, quotes, structural = [], [], [], []
@@ -292,6 +299,9 @@ class CopyBias:
         self.starts_at: dict[int, set[int]] = {}
         self.quoted = np.zeros(0, dtype=bool)
         self.hints: dict[str, tuple[int, int]] = {}
+        self.choices: dict[str, str] = {}
+        self.choice_text: dict[str, str] = {}  # the string choices, decoded
+        self.order: list[str] = []
         self.silent: frozenset[str] = frozenset()
         self.scanner = JsonValueScanner()
 
@@ -304,14 +314,22 @@ class CopyBias:
                 out.update(ids)
 
     def begin(self, source: str, hints: Mapping[str, tuple[int, int]] | None = None,
-              silent: Iterable[str] = ()) -> None:
+              silent: Iterable[str] = (), choices: Mapping[str, str] | None = None,
+              order: Iterable[str] = ()) -> None:
         """A new request. ``hints``: top-level parameter -> the (start, end) span of ``source`` the slot reader
         says states it (services/engine/slots.py); while that parameter's value is written, the tokens that
         follow the span gain ``hint_bias`` and, at its end, so does the closing quote. ``silent``: parameters
-        the reader read and found unstated (their keys lose ``key_bias``; hinted keys gain it)."""
+        the reader read and found unstated (their keys lose ``key_bias``; hinted keys gain it). ``choices``:
+        top-level parameter -> the value the request names, as JSON text (an enum option ``"get_diff"``, a
+        boolean ``true``; services/engine/choices.py); it replaces that parameter's span hint. ``order``: the
+        top-level keys in the order the grammar allows them (``param_order``), for the pending guard."""
         self.source = source
-        self.hints = {k: (int(a), int(b)) for k, (a, b) in (hints or {}).items() if 0 <= a < b <= len(source)}
-        self.silent = frozenset(silent) - set(self.hints)
+        self.choices = {k: v for k, v in (choices or {}).items() if v}
+        self.choice_text = {k: json.loads(v) for k, v in self.choices.items() if v.startswith('"')}
+        self.order = list(order)
+        self.hints = {k: (int(a), int(b)) for k, (a, b) in (hints or {}).items()
+                      if 0 <= a < b <= len(source) and k not in self.choices}
+        self.silent = frozenset(silent) - set(self.hints) - set(self.choices)
         self.scanner = JsonValueScanner()
         starts: set[int] = set()
         salient: set[int] = set()
@@ -398,20 +416,31 @@ class CopyBias:
             out[keep] += self.hint_bias
             out[~keep] -= self.hint_bias
             return
-        self._add(out, self._prefix_pieces(self.by_text, self.source[start + len(partial):end], self.max_len),
-                  self.hint_bias)
+        ids = self._prefix_pieces(self.by_text, self.source[start + len(partial):end], self.max_len)
+        self._add(out, ids, self.hint_bias)
+        if self.hint_penalty and partial:
+            keep = np.zeros(n, dtype=bool)
+            keep[[i for i in ids if i < n]] = True
+            out[~keep] -= self.hint_penalty
 
     def _follow_bare_hint(self, logits: np.ndarray) -> np.ndarray:
-        """A hinted member whose value is due or being written outside a string: a number's digits (a leading
-        space allowed before the first), then the end of the value; a string's opening tokens that carry the
+        """A hinted member whose value is due or being written outside a string: a number's digits or a chosen
+        literal's letters (``true``; a leading space allowed before the first), then the end of the value; a
+        string's opening tokens that carry the
         quote and the hint's first characters (``"oct``), and a bare opening quote, gain ``hint_bias`` (without the
         quote, ``"/`` outbid the plain ``"`` before ``src/main.py`` and the value lost its first word)."""
-        start, end = self.hints[self.scanner.bare_member]
-        text = self.source[start:end]
+        member = self.scanner.bare_member
+        if member in self.choices:
+            text = self.choice_text.get(member, self.choices[member])
+            string = member in self.choice_text
+        else:
+            start, end = self.hints[member]
+            text = self.source[start:end]
+            string = not NUMBER.fullmatch(text)
         partial = "".join(self.scanner.bare or [])
         out = np.array(logits, copy=True)
         n = out.shape[0]
-        if not NUMBER.fullmatch(text):
+        if string:
             if partial:
                 return logits
             ids_set = self._prefix_pieces(self.open_text, text, self.max_len)
@@ -429,21 +458,58 @@ class CopyBias:
         self._add(out, ids_set, self.hint_bias)
         return out
 
+    def _follow_choice(self, logits: np.ndarray, partial: str) -> np.ndarray:
+        """The value of a parameter with an enum choice is being written: the tokens that spell on toward the
+        chosen option (once it is whole, the closing quote) gain ``hint_bias`` and the others lose it (the grammar
+        allows only options; +10 alone lost "blocking" to the model's "blocked_by", tune line t-0328). A value that
+        has left the choice is left to the model."""
+        text = self.choice_text[self.scanner.member]
+        if not text.startswith(partial):
+            return logits
+        out = np.array(logits, copy=True)
+        n = out.shape[0]
+        keep = np.zeros(n, dtype=bool)
+        if len(partial) == len(text):
+            keep[self.close_ids[self.close_ids < n]] = True
+        else:
+            ids = self._prefix_pieces(self.by_text, text[len(partial):], self.max_len)
+            keep[[i for i in ids if i < n]] = True
+        out[keep] += self.hint_bias
+        out[~keep] -= self.hint_bias
+        return out
+
+    def _spelling(self, keys: Iterable[str], partial: str) -> set[int]:
+        """Tokens that spell on from ``partial`` (a top-level key being written, "" when one is due) toward one of
+        ``keys`` not written yet."""
+        done = set(self.scanner.top_keys)
+        table = self.by_text if partial or self.scanner.in_string else self.open_text
+        ids: set[int] = set()
+        for k in keys:
+            if k not in done and k.startswith(partial) and len(k) > len(partial):
+                ids |= self._prefix_pieces(table, k[len(partial):], self.max_len)
+        return ids
+
+    def _guard_skip(self, logits: np.ndarray, partial: str) -> np.ndarray:
+        """A top-level key is due or being written and the grammar fixes the key order (``order``): tokens that
+        spell a key after the first pending parameter (hinted or chosen, not written yet) lose ``pending_bias``,
+        since writing it would put the pending one out of reach (``{"name": "pods", ...}`` before
+        ``all_namespaces``, tune line t-0616)."""
+        pending = (set(self.hints) | set(self.choices)) - set(self.scanner.top_keys)
+        first = next((i for i, k in enumerate(self.order) if k in pending), None)
+        if first is None:
+            return logits
+        skip = self._spelling(self.order[first + 1:], partial) - self._spelling(pending, partial)
+        if not skip:
+            return logits
+        out = np.array(logits, copy=True)
+        self._add(out, skip, -self.pending_bias)
+        return out
+
     def _steer_key(self, logits: np.ndarray, partial: str) -> np.ndarray:
         """A top-level key is due (``partial`` = "") or being written: tokens spelling on toward a hinted key
         not written yet gain ``key_bias``; tokens that lead only toward silent keys lose it."""
-        done = set(self.scanner.top_keys)
-        table = self.by_text if partial or self.scanner.in_string else self.open_text
-
-        def spelling(keys) -> set[int]:
-            ids: set[int] = set()
-            for k in keys:
-                if k not in done and k.startswith(partial) and len(k) > len(partial):
-                    ids |= self._prefix_pieces(table, k[len(partial):], self.max_len)
-            return ids
-
-        want = spelling(self.hints)
-        avoid = spelling(self.silent) - want
+        want = self._spelling(self.hints, partial)
+        avoid = self._spelling(self.silent, partial) - want
         if not want and not avoid:
             return logits
         out = np.array(logits, copy=True)
@@ -482,7 +548,7 @@ class CopyBias:
         sc = self.scanner
         if len(sc.stack) != 1 or (sc.in_string and not sc.in_value):
             return logits
-        if not set(self.hints) - set(sc.top_keys):
+        if not (set(self.hints) | set(self.choices)) - set(sc.top_keys):
             return logits
         ids = self.shut_value_ids if sc.in_value else self.shut_ids
         out = np.array(logits, copy=True)
@@ -492,17 +558,22 @@ class CopyBias:
     def __call__(self, logits: np.ndarray) -> np.ndarray:
         if self.array_bias and self.source and self.scanner.array_from:
             logits = self._close_spent_array(logits)
-        if self.pending_bias and self.hints:
+        if self.pending_bias and (self.hints or self.choices):
             logits = self._hold_open(logits)
+            if self.order and self.scanner.top_key is not None:
+                logits = self._guard_skip(logits, self.scanner.top_key)
         if self.key_bias and self.source and (self.hints or self.silent):
             partial = self.scanner.top_key
             if partial is not None:
                 return self._steer_key(logits, partial)
-        if self.hint_bias and self.source and self.scanner.bare_member in self.hints:
+        if self.hint_bias and self.source and (self.scanner.bare_member in self.hints
+                                               or self.scanner.bare_member in self.choices):
             return self._follow_bare_hint(logits)
         if not self.source or not self.scanner.in_value:
             return logits
         partial = "".join(self.scanner.partial)
+        if self.hint_bias and self.scanner.member in self.choice_text:
+            return self._follow_choice(logits, partial)
         out = np.array(logits, copy=True)
         n = out.shape[0]
         hinted = bool(self.hint_bias) and self.scanner.member in self.hints

@@ -38,7 +38,8 @@ from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import grammar_key, signature_key
 from services.compiler.grammar import compile_grammar
 from services.compiler.kvblock import PromptSegments
-from services.compiler.signature import signature
+from services.compiler.signature import param_order, signature
+from services.engine.choices import enum_choices
 from services.engine.config import EngineConfig
 from services.engine.copybias import CopyBias
 from services.engine.prompt import Turn, copy_source, prune_history
@@ -261,7 +262,8 @@ class Engine:
                                        reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty,
                                        hint_bias=c.slot_hint_bias, key_bias=c.slot_key_bias,
                                        array_bias=c.copy_array_bias, path_penalty=c.copy_path_penalty,
-                                       pending_bias=c.slot_pending_bias if c.slot_hint_bias else 0.0)
+                                       pending_bias=c.slot_pending_bias if c.slot_hint_bias else 0.0,
+                                       hint_penalty=c.slot_hint_penalty if c.slot_hint_bias else 0.0)
         return self._copy_bias
 
     def slot_hints(self, tool, source: str) -> dict[str, tuple[int, int]]:
@@ -279,6 +281,13 @@ class Engine:
         from services.engine.slots import slot_params
 
         return [k for k, p in slot_params(tool) if k not in hints and not p.get("enum")]
+
+    def enum_choices(self, tool, request: str) -> dict[str, str]:
+        """Top-level enum parameter -> the option the request's words name (services/engine/choices.py); {} when
+        ``enum_choices`` is off."""
+        if not (self.config.enum_choices and self.config.slot_hint_bias):
+            return {}
+        return enum_choices(tool.input_schema, request)
 
     def _token_text(self, tok: int) -> str:
         if tok < 0:
@@ -381,7 +390,7 @@ class Engine:
             validate = validate and 2 * len(seg.tokens) + limit <= self.n_ctx
             source = copy_source(query, self.window(history))
             yield from self._turn(seg, arts, limit, t0, plan, validate=validate and plan.path == PATH_SPLICE,
-                                  source=source)
+                                  source=source, request=query)
 
     def _plan(self, arts: ToolArtifacts, seg: PromptSegments, fidelity: str, prefill: str) -> _Plan:
         if prefill == PREFILL_TEXT:
@@ -567,7 +576,8 @@ class Engine:
         return kl_divergence(ref, live_logits), int(np.argmax(ref)) == int(np.argmax(live_logits)), ref
 
     def _turn(self, seg: PromptSegments, arts: ToolArtifacts, limit: int, t0: float, plan: _Plan, *,
-              validate: bool = False, reuse_prefix: bool = True, source: str = "") -> Iterator[Token | Result]:
+              validate: bool = False, reuse_prefix: bool = True, source: str = "",
+              request: str = "") -> Iterator[Token | Result]:
         import llama_cpp
 
         tokens = seg.tokens
@@ -607,7 +617,9 @@ class Engine:
             copier = self._copier()
             if copier is not None:
                 hints = self.slot_hints(arts.tool, source)
-                copier.begin(source, hints, self.slot_silent(arts.tool, hints))
+                copier.begin(source, hints, self.slot_silent(arts.tool, hints),
+                             choices=self.enum_choices(arts.tool, request or source),
+                             order=param_order(arts.tool.input_schema))
             # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
             # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
             hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])
@@ -661,16 +673,17 @@ class Engine:
 
     def generate_tokens(self, tokens: list[int], arts: ToolArtifacts, limit: int, *, reuse_prefix: bool = True,
                         t0: float | None = None, path_reason: str = "text prefill",
-                        source: str = "") -> Iterator[Token | Result]:
+                        source: str = "", request: str = "") -> Iterator[Token | Result]:
         """Text-prefill ``tokens`` (reusing the longest cached prefix when ``reuse_prefix``) and sample the
         arguments under the tool's grammar. The evaluation's arms use this with other prompts (full schema,
-        all schemas at the head). ``source``: the request text the copy bias copies from."""
+        all schemas at the head). ``source``: the text the copy bias copies from (window + request);
+        ``request``: the request alone, whose words choose enum options (``source`` when empty)."""
         t0 = time.perf_counter() if t0 is None else t0
         with self.lock:
             seg = PromptSegments(list(tokens), [], [])
             yield from self._turn(seg, arts, limit, t0, _Plan(PATH_TEXT, path_reason),
                                   reuse_prefix="lcp" if reuse_prefix else False,
-                                  source=source)
+                                  source=source, request=request)
 
 
 def _validate(text: str, tool: Tool) -> bool:

@@ -187,10 +187,58 @@ def read_spans(model, tokenizer, questions: list[str], contexts: list[str], max_
     return res
 
 
+# words that put a parameter first or second of a pair of numbers a request states in that order
+FIRST_WORDS = frozenset({"start", "begin", "from", "min", "first", "low", "lower", "x", "width", "lat", "latitude",
+                         "src", "source", "origin", "old"})
+SECOND_WORDS = frozenset({"end", "to", "max", "last", "high", "upper", "y", "height", "lng", "lon", "longitude",
+                          "dst", "dest", "destination", "target", "new"})
+
+
+def _ordinal(name: str) -> tuple[int, ...]:
+    """(0 | 1 per pair word of the name): ``startX`` (0, 0) < ``startY`` (0, 1) < ``endX`` (1, 0) < ``endY``."""
+    return tuple(0 if w in FIRST_WORDS else 1 for w in _words(name).split() if w in FIRST_WORDS | SECOND_WORDS)
+
+
+def order_numbers(hints: dict[str, Hint], numbers: dict[str, list[tuple[int, int, float]]], order: list[str],
+                  off: int, threshold: float) -> dict[str, Hint]:
+    """Number parameters whose hints share one span ("x=640, y=360" -> x 360, y 360; "add 3.5 and 8.25" -> a 8.25,
+    b 8.25): the distinct numbers among their candidates (``numbers``: each parameter's numeric spans, best first,
+    offsets in the context; those above ``threshold``, not another parameter's hint) go to them in the order the
+    request states them, the parameters taken by their pair words (start before end, x before y, width before
+    height: ``_ordinal``), then in ``order`` (the schema's: ``a`` before ``b``). A number inside a better one is not
+    another (``25`` of ``8.25``). A group keeps its hints when there are fewer such numbers than parameters.
+    Returns the hints that change."""
+    by_span: dict[tuple[int, int], list[str]] = {}
+    for name, h in hints.items():
+        if name in numbers:
+            by_span.setdefault((h.start, h.end), []).append(name)
+    out: dict[str, Hint] = {}
+    for span, group in by_span.items():
+        if len(group) < 2:
+            continue
+        others = {(h.start - off, h.end - off) for n, h in hints.items() if (h.start, h.end) != span}
+        pool: dict[tuple[int, int], float] = {}
+        for name in group:
+            for a, b, sc in numbers[name]:
+                if sc > threshold and (a, b) not in others and not any(a < y and x < b for x, y in others):
+                    pool[a, b] = max(sc, pool.get((a, b), sc))
+        distinct: list[tuple[int, int]] = []
+        for a, b in sorted(pool, key=lambda s: -pool[s]):  # "8.25", not also its "25" or "8"
+            if not any(a < y and x < b for x, y in distinct):
+                distinct.append((a, b))
+        if len(distinct) < len(group):
+            continue
+        chosen = sorted(distinct[:len(group)])
+        for name, (a, b) in zip(sorted(group, key=lambda n: (_ordinal(n), order.index(n))), chosen, strict=True):
+            sc = next((s for x, y, s in numbers[name] if (x, y) == (a, b)), pool[a, b])
+            out[name] = Hint(off + a, off + b, sc)
+    return out
+
+
 class SlotModel:
     """A loaded slot reader. ``hints`` is thread-safe."""
 
-    def __init__(self, path: str | Path, threads: int = 2, candidates: int = 0):
+    def __init__(self, path: str | Path, threads: int = 2, candidates: int = 0, order: bool = True):
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -208,6 +256,9 @@ class SlotModel:
         # spans per parameter considered when spans are shared out (``hints``); 0: each parameter's best span,
         # overlaps allowed
         self.candidates = candidates
+        # number parameters that share one span are given the numbers the reader found for them in the order the
+        # request states them (``order_numbers``)
+        self.order_numbers = order
         self._lock = threading.Lock()
 
     @staticmethod
@@ -241,10 +292,11 @@ class SlotModel:
         k = max(1, self.candidates)
         scored = self.score([slot_question(tool, n, p) for n, p in params], context, k=max(k, NUMBER_CANDIDATES))
         cands = []
+        numbers: dict[str, list[tuple[int, int, float]]] = {}
         for (name, prop), spans in zip(params, scored, strict=True):
             if slot_type(prop) in ("integer", "number"):
                 # a number parameter is stated by a number, not by the reader's nearest words
-                spans = [s for s in spans if NUMBER.fullmatch(context[s[0]:s[1]])]
+                spans = numbers[name] = [s for s in spans if NUMBER.fullmatch(context[s[0]:s[1]])]
             for a, b, sc in spans[:k]:
                 if sc > self.threshold and b > a:
                     cands.append((sc, name, a, b))
@@ -255,6 +307,8 @@ class SlotModel:
                 continue
             out[name] = Hint(off + a, off + b, sc)
             taken.append((a, b))
+        if self.order_numbers:
+            out.update(order_numbers(out, numbers, [n for n, _ in params], off, self.threshold))
         return out
 
 

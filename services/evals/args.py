@@ -102,10 +102,11 @@ def placeholder_count(arguments_json: str) -> int:
     return n
 
 
-def run_generation(engine: Engine, tokens: list[int], arts, reuse_prefix: bool, source: str = "") -> Result:
+def run_generation(engine: Engine, tokens: list[int], arts, reuse_prefix: bool, source: str = "",
+                   request: str = "") -> Result:
     res = None
     for ev in engine.generate_tokens(tokens, arts, engine.config.default_max_tokens, reuse_prefix=reuse_prefix,
-                                     source=source):
+                                     source=source, request=request):
         if isinstance(ev, Result):
             res = ev
     assert res is not None
@@ -220,7 +221,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
                 got[arm] = next(e for e in engine.generate(ln.query, ln.tool, hist) if isinstance(e, Result))
                 continue
             toks = engine.tokenize_messages(msgs if arm == "hybrid" else msgs_full)
-            got[arm] = run_generation(engine, toks, arts, reuse_prefix=False, source=source)
+            got[arm] = run_generation(engine, toks, arts, reuse_prefix=False, source=source, request=ln.query)
         # prefix-cached arm: the server's schemas at the head, the tool named in the user turn
         server_tools = [by_name[n] for n in registry.servers()[registry.server_of[ln.tool]]]
         head = SYSTEM_ALL.format(tools="\n".join(schema_view(t) for t in server_tools))
@@ -232,7 +233,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         # the cold prefill of a large head costs minutes on a shared 2-core host: heads above
         # ``warm_max_tokens`` are not run (their context use is still reported by registry size)
         if len(warm_toks) <= warm_max_tokens and len(warm_toks) + cfg.default_max_tokens <= warm.n_ctx:
-            warm_res = run_generation(warm, warm_toks, arts, reuse_prefix=True, source=source)
+            warm_res = run_generation(warm, warm_toks, arts, reuse_prefix=True, source=source, request=ln.query)
         routed = route_fn(ln)
         if routed == ln.tool:
             routed_res = got["hybrid"]
@@ -240,7 +241,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
             r_arts = engine.artifacts(routed)
             r_msgs = build_messages(r_arts.signature, ln.query, window)
             routed_res = run_generation(engine, engine.tokenize_messages(r_msgs), r_arts, reuse_prefix=False,
-                                        source=source)
+                                        source=source, request=ln.query)
         rows.append(Row(ln.id, ln.tool, routed, is_correct(routed, ln.tool), ln.args, got["hybrid"], got["full"],
                         warm_res, routed_res, len(warm_toks), got["engine"]))
     report = summarize(rows, ir_tokens, registry, engine)

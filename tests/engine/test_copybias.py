@@ -416,3 +416,71 @@ def test_the_object_stays_open_while_a_hinted_parameter_is_unwritten():
     cb.begin(src, hints)
     cb.feed('{"owner": "octo-org", "items": [{"a": 1')
     assert cb(z)[pieces.index("}")] == 0.0  # a nested object closes freely
+
+
+def test_an_enum_choice_spells_its_option_holds_the_object_open_and_replaces_the_span_hint():
+    pieces = ["get", "_diff", "_files", '"', '",', '"}', "}", ' "get', "diff", " Show"]
+    z = np.zeros(len(pieces), dtype=np.float32)
+    src = "Show me the diff for acme-corp/billing-service#57."
+    cb = CopyBias(pieces, hint_bias=10.0, pending_bias=8.0, start_bias=2.0, span_penalty=30.0)
+    # the reader's span for method ("diff") is replaced by the choice; tune line t-0424 wrote "get"
+    cb.begin(src, {"method": (src.index("diff"), src.index("diff") + 4)}, choices={"method": "\"get_diff\""})
+    assert "method" not in cb.hints
+    cb.feed('{"owner": "acme-corp"')
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out["}"] == -8.0  # pending: the object stays open until method is written
+    cb.feed(', "method":')
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out[' "get'] == 10.0 and out['"'] == 10.0 and out["diff"] == 0.0  # the value opens toward the option
+    cb.feed(' "get')
+    out = dict(zip(pieces, cb(z), strict=True))
+    # the option's next tokens gain, the others lose (a mapped value: no copy bias, "get" is no span of src)
+    assert out["_diff"] == 10.0 and out["_files"] == -10.0 and out["\""] == -10.0 and out[" Show"] == -10.0
+    cb.feed("_diff")
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out['"'] == 10.0 and out['",'] == 10.0 and out['"}'] == 10.0  # whole: it closes (all keys written)
+    cb.begin(src, choices={"method": "\"get_diff\""})
+    cb.feed('{"method": "get_files')
+    assert np.array_equal(cb(z), z)  # the model left the choice: the grammar and the model decide
+    off = CopyBias(pieces, hint_bias=0.0, pending_bias=0.0)
+    off.begin(src, choices={"method": "\"get_diff\""})
+    off.feed('{"method": "get')
+    assert off(z)[pieces.index("_diff")] == 0.0  # no hint bias: no choice bias
+
+
+def test_a_boolean_choice_spells_the_bare_literal():
+    pieces = ["true", " true", "false", " false", "t", "rue", "}", ",", '"']
+    z = np.zeros(len(pieces), dtype=np.float32)
+    cb = CopyBias(pieces, hint_bias=10.0, pending_bias=8.0)
+    cb.begin("take it out of draft", choices={"draft": "false"})
+    cb.feed('{"draft":')
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out["false"] == 10.0 and out[" false"] == 10.0 and out["true"] == 0.0 and out['"'] == 0.0
+    cb.feed(" false")
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out["}"] == 10.0 and out[","] == 10.0  # written: the value ends (no longer pending)
+    cb.begin("take it out of draft", choices={"draft": "false"})
+    cb.feed('{"owner": "x"')
+    assert dict(zip(pieces, cb(z), strict=True))["}"] == -8.0  # pending until written
+
+
+def test_a_key_the_grammar_orders_after_a_pending_parameter_loses_the_pending_bias():
+    pieces = ['"name', '"all', '"namespace', '"label', "_namespaces", "space", "}", '"']
+    z = np.zeros(len(pieces), dtype=np.float32)
+    order = ["all_namespaces", "label_selector", "name", "namespace"]  # param_order: the grammar's key order
+    cb = CopyBias(pieces, hint_bias=10.0, pending_bias=8.0)
+    cb.begin("Which pods are hogging memory, in all namespaces?", choices={"all_namespaces": "true"}, order=order)
+    cb.feed("{")
+    out = dict(zip(pieces, cb(z), strict=True))
+    # tune line t-0616 wrote "name" first, after which the grammar no longer allows all_namespaces
+    assert out['"name'] == -8.0 and out['"namespace'] == -8.0 and out['"label'] == -8.0 and out['"all'] == 0.0
+    cb.feed('"all')
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out["_namespaces"] == 0.0  # spelling on toward the pending key is left alone
+    cb.feed('_namespaces": true, ')
+    out = dict(zip(pieces, cb(z), strict=True))
+    assert out['"name'] == 0.0 and out['"label'] == 0.0  # nothing pending any more
+    free = CopyBias(pieces, hint_bias=10.0, pending_bias=8.0)
+    free.begin("in all namespaces", choices={"all_namespaces": "true"})  # no order given: no guard
+    free.feed("{")
+    assert dict(zip(pieces, free(z), strict=True))['"name'] == 0.0

@@ -190,12 +190,12 @@ def test_a_span_closes_what_it_opened(context, answer, want):
     assert context[x:y] == want
 
 
-def _reader_with(scores, candidates=0, threshold=0.0):
+def _reader_with(scores, candidates=0, threshold=0.0, order=True):
     """A SlotModel whose network is replaced by fixed candidate lists (this layer's logic only)."""
     from services.engine.slots import SlotModel
 
     m = object.__new__(SlotModel)
-    m.threshold, m.candidates = threshold, candidates
+    m.threshold, m.candidates, m.order_numbers = threshold, candidates, order
     m.score = lambda questions, context, k=1: [scores[q.split(" | ")[1].split(" (")[0]][:k] for q in questions]
     return m
 
@@ -240,3 +240,41 @@ def test_silent_parameters_are_the_unhinted_ones_a_span_could_state_except_enums
     # "no span", so its key must not be steered away from; booleans and arrays are not the reader's
     assert silent == ["name", "per_page"]
     assert Engine.slot_silent(SimpleNamespace(_slots=None), TOOL, hints) == []
+
+
+XY = parse_tool({"name": "drag", "description": "", "inputSchema": {"type": "object", "properties": {
+    "endX": {"type": "number"}, "endY": {"type": "number"}, "startX": {"type": "number"},
+    "startY": {"type": "number"}, "label": {"type": "string"}}}})
+
+
+def test_number_parameters_sharing_a_span_take_the_numbers_in_the_order_stated():
+    q = "drag 50,60 -> 300,260 and call it 8.25"
+    at = {w: (q.index(w), q.index(w) + len(w)) for w in ("50", "60", "300", "260", "8.25")}
+    at["25"] = (at["8.25"][0] + 2, at["8.25"][1])
+    # the reader's best for all four is "50" (tune line t-0800 wrote 50 four times); end* come first in the schema
+    cands = [(*at["50"], 9.0), (*at["300"], 8.0), (*at["25"], 7.5), (*at["60"], 7.0), (*at["260"], 6.0),
+             (*at["8.25"], 5.0)]
+    scores = {"end x": cands, "end y": cands, "start x": cands, "start y": cands, "label": [(*at["8.25"], 4.0)]}
+    hints = {k: q[h.start:h.end] for k, h in _reader_with(scores).hints(XY, q).items()}
+    # start before end, x before y; "25" of "8.25" is no number of its own and "8.25" is the label's
+    assert hints == {"startX": "50", "startY": "60", "endX": "300", "endY": "260", "label": "8.25"}
+    off = {k: q[h.start:h.end] for k, h in _reader_with(scores, order=False).hints(XY, q).items()}
+    assert set(off.values()) == {"50", "8.25"}
+    few = {k: [(*at["50"], 9.0), (*at["60"], 7.0)] for k in ("end x", "end y", "start x", "start y")}
+    hints = {k: q[h.start:h.end] for k, h in _reader_with({**few, "label": []}).hints(XY, q).items()}
+    assert hints == dict.fromkeys(("endX", "endY", "startX", "startY"), "50")  # two numbers for four: unchanged
+
+
+MOVE = parse_tool({"name": "browser_mouse_move_xy", "description": "Move mouse to a given position",
+                   "inputSchema": {"type": "object", "properties": {
+                       "x": {"type": "number", "description": "X coordinate"},
+                       "y": {"type": "number", "description": "Y coordinate"}}}})
+
+
+@pytest.mark.parametrize("tool,query,want", [
+    (MOVE, "Move the mouse to position x=640, y=360.", {"x": "640", "y": "360"}),  # tune t-0792: 360 for both
+    (XY, "drag 50,50 -> 300,260", {"startX": "50", "startY": "50", "endX": "300", "endY": "260"}),
+])
+def test_trained_reader_gives_number_pairs_in_the_order_stated(reader, tool, query, want):
+    hints = reader.hints(tool, query)
+    assert {k: query[h.start:h.end] for k, h in hints.items() if k in want} == want
