@@ -17,6 +17,7 @@ Grounded values (engine defaults; 99.3 % of the stated non-enum strings in the t
 * word penalty: continuing onto the next word of *unquoted* text costs ``word_penalty`` of the continue bias;
 * slot hints: for a top-level parameter the slot reader (services/engine/slots.py) says a span states, the
   tokens that follow that span, and the closing quote at its end, gain ``hint_bias`` while its value is written;
+  once the value has started on the span, tokens that leave it lose ``hint_penalty``;
 * key steering: while a top-level key is written, the tokens that spell a hinted parameter not yet written gain
   ``key_bias``, and those that spell only *silent* ones (parameters the reader read and found unstated) lose it
   (the 135M model otherwise writes the run id under ``job_id`` or drops ``commit_title`` for ``commit_message``).

@@ -484,3 +484,24 @@ def test_a_key_the_grammar_orders_after_a_pending_parameter_loses_the_pending_bi
     free.begin("in all namespaces", choices={"all_namespaces": "true"})  # no order given: no guard
     free.feed("{")
     assert dict(zip(pieces, free(z), strict=True))['"name'] == 0.0
+
+
+def test_hint_penalty_keeps_a_value_on_its_hinted_span_once_started():
+    pieces = ["i", "12", "c", '"', " tasks"]
+    z = np.zeros(len(pieces), dtype=np.float32)
+    src = "cancel run build-c12 in namespace ci now"
+    hint = {"namespace": (src.index("ci now"), src.index("ci now") + 2)}
+    cb = CopyBias(pieces, hint_bias=10.0, hint_penalty=10.0)
+    cb.begin(src, hint)
+    cb.feed('{"namespace": "c')
+    out = dict(zip(pieces, cb(z), strict=True))
+    off = CopyBias(pieces, hint_bias=10.0)
+    off.begin(src, hint)
+    off.feed('{"namespace": "c')
+    was = dict(zip(pieces, off(z), strict=True))
+    # tune line t-0704 wrote "c12" (of build-c12, a continuation too) for the hinted "ci"
+    assert was["12"] == 5.0 and out["12"] == -5.0 and out['"'] == was['"'] - 10.0
+    assert out["i"] == was["i"] == 15.0  # continue 5 + hint 10
+    cb.begin(src, hint)
+    cb.feed('{"namespace": "')
+    assert dict(zip(pieces, cb(z), strict=True))["12"] == 0.0  # the value's first token is the start bias's
