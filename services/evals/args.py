@@ -156,12 +156,28 @@ def sample_lines(lines: Sequence[QueryLine], limit: int, seed: int) -> list[Quer
     return out
 
 
+def select_lines(lines: Sequence[QueryLine], split: str, limit: int, seed: int,
+                 exclude: Sequence[str] = ()) -> list[QueryLine]:
+    """The lines an evaluation scores: the split's (``tune``, ``heldout`` or ``all``), without the ``exclude``
+    ids, then a seeded server-stratified sample of ``limit`` (``sample_lines``)."""
+    if split != "all":
+        tune, heldout = tune_split(lines)
+        lines = tune if split == "tune" else heldout
+    if exclude:
+        drop = set(exclude)
+        lines = [ln for ln in lines if ln.id not in drop]
+        if not lines:
+            raise InvalidArgument("every line of the split is excluded")
+    return sample_lines(lines, limit, seed)
+
+
 def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed: int = 0, model_path: str = "",
              n_ctx: int = 8192, workdir: str = "var/eval-args", progress: bool = True,
              router_factory=None, split: str = "heldout",
-             warm_max_tokens: int = 2048, max_tokens: int = 0) -> dict[str, Any]:
+             warm_max_tokens: int = 2048, max_tokens: int = 0, exclude: Sequence[str] = ()) -> dict[str, Any]:
     """Run the evaluation and write ``out_json`` (+ a PNG beside it). ``router_factory(store) -> route_fn``
-    overrides how queries are routed (tests); default: the real router domain over the whole registry."""
+    overrides how queries are routed (tests); default: the real router domain over the whole registry.
+    ``exclude``: line ids left out before sampling (the lines of an earlier report, for a fresh sample)."""
     from tqdm import tqdm
 
     registry = load_registry(tools)
@@ -169,10 +185,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
     lines = [ln for ln in load_queries(queries) if ln.tool in by_name]
     if not lines:
         raise InvalidArgument("no query line names a tool of the registry")
-    if split != "all":
-        tune, heldout = tune_split(lines)
-        lines = tune if split == "tune" else heldout
-    lines = sample_lines(lines, limit, seed)
+    lines = select_lines(lines, split, limit, seed, exclude)
     # a fresh store per run: artifacts left by an earlier version of the code must not leak into this one
     import shutil
     import tempfile
@@ -245,7 +258,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
         rows.append(Row(ln.id, ln.tool, routed, is_correct(routed, ln.tool), ln.args, got["hybrid"], got["full"],
                         warm_res, routed_res, len(warm_toks), got["engine"]))
     report = summarize(rows, ir_tokens, registry, engine)
-    report["protocol"] = {"queries": str(queries), "tools": str(tools), "limit": limit, "seed": seed,
+    report["protocol"] = {"queries": str(queries), "tools": str(tools), "limit": limit, "seed": seed, "excluded_lines": len(exclude),
                           "split": split, "max_tokens": cfg.default_max_tokens, "prefix_cached_arm_run_only_for_heads_up_to_tokens": warm_max_tokens,
                           "split_rule": "tune = lines whose id number is divisible by 4 (all prompt/IR/decoding "
                                         "tuning used only these, seed 1); heldout = all other lines",
@@ -445,12 +458,20 @@ def add_args_eval_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=0, help="generation budget per call (0 = engine default)")
     p.add_argument("--split", choices=("heldout", "tune", "all"), default="heldout",
                    help="heldout (default): lines never used for tuning; tune: the tuning lines")
+    p.add_argument("--exclude-from", default="", metavar="REPORT.json",
+                   help="leave out the lines an earlier report of this evaluation scored (a fresh sample)")
 
     def run(args) -> int:
         t0 = time.time()
+        exclude: list[str] = []
+        if args.exclude_from:
+            try:
+                exclude = [ln["id"] for ln in json.loads(Path(args.exclude_from).read_text())["lines"]]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise SystemExit(f"--exclude-from {args.exclude_from}: not a report of `nexus eval args` ({e})")
         rep = evaluate(args.queries, args.tools, args.out, limit=args.limit, seed=args.seed, model_path=args.model,
                        n_ctx=args.n_ctx, split=args.split, warm_max_tokens=args.warm_max_tokens,
-                       max_tokens=args.max_tokens)
+                       max_tokens=args.max_tokens, exclude=exclude)
         keys = ("n", "routing_accuracy", "json_valid_rate", "schema_valid_rate", "arg_accuracy_routed",
                 "arg_accuracy_e2e", "first_arg_speedup", "main_context_token_saving", "ir_tokens_median")
         print(json.dumps({k: rep[k] for k in keys} | {"seconds": round(time.time() - t0)}, indent=2))

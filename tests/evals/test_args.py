@@ -38,6 +38,23 @@ def test_sample_is_seeded_and_stratified():
     assert {x.server for x in s1} == {"a", "b"}
 
 
+def test_a_fresh_sample_leaves_out_the_lines_of_an_earlier_report():
+    import pytest
+
+    from services.common.errors import InvalidArgument
+    from services.evals.args import select_lines
+
+    lines = [QueryLine(id=f"t-{i:04d}", server=s, tool="x", query="q", args={}, history=())
+             for i, s in enumerate(["a", "b"] * 20)]
+    first = select_lines(lines, "heldout", 8, 0)
+    assert all(int(ln.id[2:]) % 4 for ln in first)  # held-out: no tune line (id divisible by 4)
+    fresh = select_lines(lines, "heldout", 8, 0, exclude=[ln.id for ln in first])
+    assert len(fresh) == 8 and not {ln.id for ln in first} & {ln.id for ln in fresh}
+    held = [ln.id for ln in lines if int(ln.id[2:]) % 4]
+    with pytest.raises(InvalidArgument):
+        select_lines(lines, "heldout", 8, 0, exclude=held)
+
+
 def test_line_record_lists_each_arm_with_its_hits():
     from services.engine.engine import Result
     from services.evals.args import Row, line_record
