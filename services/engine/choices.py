@@ -8,6 +8,7 @@ and the 135M model often writes the first or the most frequent option instead (`
 * an option's words (``_``/``-``/camelCase split, lower-cased, light suffix stemming: ``filesystems`` ->
   ``filesystem``, ``creation`` / ``CREATED_AT`` -> ``creat``) are looked up among the request's words;
 * the sort-order options ``asc`` / ``desc`` also match their usual wordings ("newest first", "ascending");
+* words right after "not", "no", "without", "instead" are not asked for ("the full resource, not a link");
 * an option is chosen when it matches at least one word and no other option matches as many words with as few
   unmatched ones (a tie chooses nothing: "request body" vs "response body" of "the response body" for a request).
 
@@ -52,12 +53,30 @@ def words(text: str) -> list[str]:
 NEGATIONS = frozenset({"not", "no", "non", "without", "don't", "dont", "never", "skip", "exclude", "excluding",
                        "hide", "disable", "off", "un", "out", "leave", "nor", "isn't", "aren't"})
 NEGATION_BEFORE = 3  # words
+# words after which the next three words are not asked for ("the full resource inline, not a link": resource, not
+# resourceLink; "instead of a link"); narrower than NEGATIONS ("roll out the deployment" names a deployment)
+NOT_ASKED = frozenset({"not", "no", "without", "instead", "never", "don't", "dont", "except", "excluding"})
 _QUOTED = re.compile(r"(?<![A-Za-z0-9])(['\"`“‘])(.+?)(['\"`”’])(?![A-Za-z0-9])")
 
 
 def unquoted(text: str) -> str:
     """``text`` without its quoted spans: quoted text is a value ('public IP helper'), not an instruction."""
     return _QUOTED.sub(" ", text)
+
+
+def asked_words(request: str) -> list[str]:
+    """``words`` of the request, without the three words after a ``NOT_ASKED`` word ("instead of a link")."""
+    raw = re.findall(r"[A-Za-z][A-Za-z0-9']*", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", request))
+    out, skip = [], 0
+    for w in raw:
+        if w.lower() in NOT_ASKED:
+            skip = 3
+            continue
+        if skip:
+            skip -= 1
+            continue
+        out += words(w)
+    return out
 
 
 def _score(option: str, request_words: set[str], request_lower: str) -> tuple[int, int]:
@@ -74,7 +93,7 @@ def choose(options: Iterable[Any], request: str) -> str | None:
     if len(opts) < 2 or not request.strip():
         return None
     request = unquoted(request)
-    rw, low = set(words(request)), request.lower()
+    rw, low = set(asked_words(request)), request.lower()
     ranked = sorted(((_score(o, rw, low), o) for o in opts), key=lambda x: x[0], reverse=True)
     (best, option), second = ranked[0], ranked[1][0]
     if best[0] == 0 or best == second:

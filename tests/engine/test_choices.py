@@ -73,3 +73,15 @@ def test_enum_choices_gives_booleans_as_json_literals():
     assert enum_choices(schema, "open it as a draft") == {"draft": "true"}
     assert enum_choices(schema, "it is not a draft anymore") == {"draft": "false"}
     assert enum_choices(schema, "hello") == {}
+
+
+def test_words_after_a_negation_are_not_asked_for():
+    from services.engine.choices import asked_words
+
+    assert asked_words("give me the full resource inline, not a link") == ["give", "me", "the", "full", "resource",
+                                                                           "inline"]
+    opts = ["resource", "resourceLink"]
+    assert choose(opts, "Shrink it and give me the full resource inline, not a link.") == "resource"
+    assert choose(opts, "the full resource object instead of a link") == "resource"
+    assert choose(opts, "just a resource link please") == "resourceLink"
+    assert choose(["deployment", "pod"], "roll out the deployment") == "deployment"  # "out" is no negation here
