@@ -12,10 +12,13 @@ and the 135M model often writes the first or the most frequent option instead (`
 * an option is chosen when it matches at least one word and no other option matches as many words with as few
   unmatched ones (a tie chooses nothing: "request body" vs "response body" of "the response body" for a request).
 
-On the team's data (gold arguments, no model): on the tune split's 55 stated enum arguments the rule chooses 47,
-46 of them right; on the 4,056 hand-written augment lines it chooses 656 of 1,059, 628 right (95.7 %). It fires
-on 5 of 39 (tune) and 40 of 585 (augment) enum parameters the request does not state (``merge it`` ->
-``merge_method: merge``). The copy bias (services/engine/copybias.py) holds the object open until a chosen
+Booleans (``flag``): a parameter whose every name word the request uses is ``true``, or ``false`` after a negation
+("not recursive", "take it out of draft", "un-draft", "don't submit").
+
+On the team's data (gold arguments, no model; ``bench/choice_rules.py``): on the tune split's 55 stated enum
+arguments the rule chooses 46, 45 of them right; on the 4,056 hand-written augment lines it chooses 645 of 1,059,
+620 right (96.1 %), and 103 of 291 stated booleans, 99 right. It fires on 4 of 39 (tune) and 36 of 585 (augment)
+enum parameters the request does not state (``merge it`` -> ``merge_method: merge``). The copy bias (services/engine/copybias.py) holds the object open until a chosen
 parameter is written and favours the chosen option's tokens; the grammar still decides what is legal."""
 
 from __future__ import annotations
