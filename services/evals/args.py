@@ -468,7 +468,8 @@ def add_args_eval_parser(sub) -> None:
             try:
                 exclude = [ln["id"] for ln in json.loads(Path(args.exclude_from).read_text())["lines"]]
             except (OSError, ValueError, KeyError, TypeError) as e:
-                raise SystemExit(f"--exclude-from {args.exclude_from}: not a report of `nexus eval args` ({e})")
+                raise SystemExit(f"--exclude-from {args.exclude_from}: not a report of `nexus eval args` "
+                                 f"({e})") from None
         rep = evaluate(args.queries, args.tools, args.out, limit=args.limit, seed=args.seed, model_path=args.model,
                        n_ctx=args.n_ctx, split=args.split, warm_max_tokens=args.warm_max_tokens,
                        max_tokens=args.max_tokens, exclude=exclude)

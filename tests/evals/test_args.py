@@ -72,3 +72,16 @@ def test_line_record_lists_each_arm_with_its_hits():
     rec = line_record(wrong)
     assert rec["routed"] == "u" and rec["engine"] is None
     assert rec["e2e"] == {"arguments": '{"owner": "octo"}', "hits": 1, "schema_valid": False}
+
+
+def test_exclude_from_must_name_a_report_of_this_evaluation(tmp_path):
+    import pytest
+
+    from services.cli import main
+
+    bad = tmp_path / "other.json"
+    bad.write_text('{"sizes": {}}')
+    for path in (bad, tmp_path / "missing.json"):
+        with pytest.raises(SystemExit, match="not a report of `nexus eval args`"):
+            main(["eval", "args", "--queries", "q.jsonl", "--tools", "t", "--json", str(tmp_path / "o.json"),
+                  "--exclude-from", str(path)])
