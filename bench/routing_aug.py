@@ -269,6 +269,52 @@ def exp_keys(a, hp, Q, R, regs, te, train):
         show(f"ensemble with {other} + {w} * BM25", lex3(w, "test"))
 
 
+def exp_exemplars(a, hp, Q, R, regs, te, train):
+    """Exemplar keys with the tuned encoder: each tool is also keyed by the requests written for it (the fold's
+    fit lines, validation lines left out, and the hand-written augment lines); a tool's exemplar score is its best
+    exemplar's cosine. Fused with the key score (max, or key + w * exemplar, w on validation)."""
+    from services.evals.routing_models import load_augment
+
+    qenc, _ = encoder(a.variant, a.fold, train, R, hp)
+    from sentence_transformers import SentenceTransformer
+
+    base = SentenceTransformer(str(_base_path()), device="cpu")
+    va = val_indices(Q, train, hp)
+    val_ids = {Q[i].id for i in va}
+    pos = {n: i for i, n in enumerate(R.names)}
+    ex = [ln for ln in train if ln.id not in val_ids and ln.tool in pos]
+    ex += [ln for ln in load_augment(a.augment_dir) if ln.tool in pos]
+    X = _encode_eval(qenc, [routing_text(ln.query, list(ln.history), max_turns=hp.max_turns) for ln in ex])
+    owner = np.array([pos[ln.tool] for ln in ex])
+    K = _encode_eval(base, [key_texts(t)["name_desc"] for t in R.tools])
+    sets = {"val": va, "test": te}
+    mk = {k: masks_for(Q, R, regs, v) for k, v in sets.items()}
+    slots = np.array([Q[i].slot for i in te])
+    qt = {k: _encode_eval(qenc, texts_of(Q, v, hp.max_turns)) for k, v in sets.items()}
+    T = {k: qt[k] @ K.T for k in sets}
+    E = {}
+    for k in sets:
+        sims = qt[k] @ X.T
+        e = np.full((len(sims), len(pos)), -1.0, dtype=np.float32)
+        for j in range(len(pos)):
+            cols = owner == j
+            if cols.any():
+                e[:, j] = sims[:, cols].max(1)
+        E[k] = e
+    print(f"exemplars: {len(ex)} ({len(X)} vectors) for {len(set(owner))} tools", flush=True)
+
+    def show(label, S):
+        print(fmt(label, metrics(S, *mk["test"], slots)), flush=True)
+
+    show("tuned encoder, key name_desc", T["test"])
+    show("exemplars alone (best exemplar per tool)", E["test"])
+    show("max(key, best exemplar)", np.maximum(T["test"], E["test"]))
+    for name, f in (("key + w * exemplar", lambda w, k: T[k] + w * E[k]),
+                    ("key + w * relu(exemplar - key)", lambda w, k: T[k] + w * np.maximum(E[k] - T[k], 0))):
+        w = pick_weight(f, *mk["val"], grid=(0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0))
+        show(f"{name}, w = {w} (validation)", f(w, "test"))
+
+
 def synth_fn(per_tool: int, seed: int = 0):
     from services.router.synth import synth_examples
     from services.router.training import Example
@@ -325,7 +371,7 @@ def exp_train(a, hp, Q, R, regs, te, train):
     exp_keys(a, hp, Q, R, regs, te, train)
 
 
-EXPERIMENTS: dict = {"keys": exp_keys, "train": exp_train}
+EXPERIMENTS: dict = {"keys": exp_keys, "train": exp_train, "exemplars": exp_exemplars}
 
 
 def main() -> None:
