@@ -1,4 +1,4 @@
-"""Enum choices: the option of an enum parameter that the request names in its own words.
+"""Choices: the value of an enum or boolean parameter that the request names in its own words.
 
 The slot reader answers with spans of the request, but an enum's value is *mapped* from the wording
 ("Show me the diff" -> ``method: get_diff``, "cancel it" -> ``cancel_workflow_run``, "newest first" -> ``desc``),
@@ -18,8 +18,9 @@ Booleans (``flag``): a parameter whose every name word the request uses is ``tru
 On the team's data (gold arguments, no model; ``bench/choice_rules.py``): on the tune split's 55 stated enum
 arguments the rule chooses 46, 45 of them right; on the 4,056 hand-written augment lines it chooses 645 of 1,059,
 620 right (96.1 %), and 103 of 291 stated booleans, 99 right. It fires on 4 of 39 (tune) and 36 of 585 (augment)
-enum parameters the request does not state (``merge it`` -> ``merge_method: merge``). The copy bias (services/engine/copybias.py) holds the object open until a chosen
-parameter is written and favours the chosen option's tokens; the grammar still decides what is legal."""
+enum parameters the request does not state (``merge it`` -> ``merge_method: merge``). The copy bias
+(services/engine/copybias.py) holds a chosen parameter pending until it is written and favours the chosen value's
+tokens; the grammar still decides what is legal."""
 
 from __future__ import annotations
 

@@ -67,8 +67,9 @@ class EngineConfig(TransportSecurity):
     # Inside a hinted value still on its span, tokens that do not continue the span lose this (0 = off; tune
     # split, 240 lines: +1 argument at 10, none lost, measured twice: "ci" was written "c12").
     slot_hint_penalty: float = 10.0
-    # Enum parameters whose option the request names in its words (services/engine/choices.py): the copy bias
-    # favours that option by ``slot_hint_bias`` and holds the object open until it is written.
+    # Enum and boolean parameters whose value the request names in its words (services/engine/choices.py): the
+    # copy bias favours that value by ``slot_hint_bias`` and holds it pending until it is written (tune split:
+    # with number ordering 444 -> 452, reports/args_experiments.md rows 44-45).
     enum_choices: bool = True
     slot_threads: int = 1
     # 0: each parameter's own best span (overlaps allowed); k > 0: each parameter's best k spans are shared out

@@ -425,11 +425,11 @@ class CopyBias:
             out[~keep] -= self.hint_penalty
 
     def _follow_bare_hint(self, logits: np.ndarray) -> np.ndarray:
-        """A hinted member whose value is due or being written outside a string: a number's digits or a chosen
-        literal's letters (``true``; a leading space allowed before the first), then the end of the value; a
-        string's opening tokens that carry the
-        quote and the hint's first characters (``"oct``), and a bare opening quote, gain ``hint_bias`` (without the
-        quote, ``"/`` outbid the plain ``"`` before ``src/main.py`` and the value lost its first word)."""
+        """A hinted or chosen member whose value is due or being written outside a string: a number's digits or a
+        chosen literal's letters (``true``; a leading space allowed before the first), then the end of the value;
+        a string's opening tokens that carry the quote and the hint's first characters (``"oct``), and a bare
+        opening quote, gain ``hint_bias`` (without the quote, ``"/`` outbid the plain ``"`` before ``src/main.py``
+        and the value lost its first word)."""
         member = self.scanner.bare_member
         if member in self.choices:
             text = self.choice_text.get(member, self.choices[member])

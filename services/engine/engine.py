@@ -283,8 +283,8 @@ class Engine:
         return [k for k, p in slot_params(tool) if k not in hints and not p.get("enum")]
 
     def enum_choices(self, tool, request: str) -> dict[str, str]:
-        """Top-level enum parameter -> the option the request's words name (services/engine/choices.py); {} when
-        ``enum_choices`` is off."""
+        """Top-level enum or boolean parameter -> the value the request's words name, as JSON text
+        (services/engine/choices.py); {} when ``enum_choices`` (or the slot hint bias) is off."""
         if not (self.config.enum_choices and self.config.slot_hint_bias):
             return {}
         return enum_choices(tool.input_schema, request)
