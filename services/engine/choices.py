@@ -68,11 +68,15 @@ def unquoted(text: str) -> str:
     return _QUOTED.sub(" ", text)
 
 
+def _raw_words(text: str) -> list[str]:
+    """Words of ``text`` as written (camelCase split, apostrophes kept: "don't")."""
+    return re.findall(r"[A-Za-z][A-Za-z0-9']*", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", text))
+
+
 def asked_words(request: str) -> list[str]:
     """``words`` of the request, without the three words after a ``NOT_ASKED`` word ("instead of a link")."""
-    raw = re.findall(r"[A-Za-z][A-Za-z0-9']*", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", request))
     out, skip = [], 0
-    for w in raw:
+    for w in _raw_words(request):
         if w.lower() in NOT_ASKED:
             skip = 3
             continue
@@ -112,7 +116,7 @@ def flag(name: str, request: str) -> bool | None:
     nw = words(name)
     if not nw:
         return None
-    raw = re.findall(r"[A-Za-z][A-Za-z0-9']*", re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", unquoted(request)))
+    raw = _raw_words(unquoted(request))
     rw = [stem(w) for w in raw]
     if not all(w in rw for w in nw):
         return None
