@@ -66,7 +66,9 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                    "(it does not depend on the router; its source is recorded)")
     p.add_argument("--model", default="", help="engine GGUF for concat-all (default SmolLM2-135M)")
     p.add_argument("--models-root", default="var/models", help="cache directory of trained gate models")
-    p.add_argument("--exemplar-weight", type=float, default=0.0, help="SLB exemplar-key weight (ablation)")
+    p.add_argument("--exemplar-weight", type=float, default=-1.0,
+                   help="SLB exemplar-key weight; negative (default) = each gate model's validation-chosen weight, "
+                        "0 = text keys only (ablation)")
     p.add_argument("--augment", default=_default_augment(),
                    help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
                         "of this checkout; '' = none)")

@@ -5,7 +5,7 @@ Protocol (also written into the report as ``protocol``):
 * Held-out scoring. The query lines are split into k folds (default 3) per tool: each tool's lines (slots)
   are mapped to folds by a seeded permutation, so a fold holds at most one line of a tool and mixes the
   three wording styles. For fold f a gate model (query encoder, cross-encoder, tau, alpha, and the
-  optional exemplar keys) is trained on the other folds' lines only; fold f's lines are routed by it. Every
+  exemplar keys with their weight) is trained on the other folds' lines only; fold f's lines are routed by it. Every
   line is thus scored exactly once, by a model that never saw it (nor used it for calibration/validation).
 * Registries. For size N a line's registry is its target plus N-1 distractors: the target's own server
   first (drawn at random if it alone exceeds N-1), then other servers' tools, drawn with ``--seed``;
@@ -65,7 +65,7 @@ def registries_for(lines: Sequence[QueryLine], sizes: Sequence[str], registry: R
     return out
 
 
-def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = 0.0):
+def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0):
     from services.router.config import RouterConfig
     from services.router.router import Router
 
@@ -296,7 +296,7 @@ def plot(report: dict[str, Any], path: str) -> None:
 # -- the evaluation ---------------------------------------------------------------------------------------
 def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int = 0, folds: int = 3,
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
-             exemplar_weight: float = 0.0, hp=None, progress: bool = True, plot_path: str | None = None,
+             exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
              augment: str = "") -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
@@ -361,7 +361,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                     _size_n(s, registry)) for s in size_list}
             generalization = {
                 "server": holdout_server, "model": str(hold_dir), "n": len(idxs),
-                "note": "trained without any line of this server; its tools stay registered (text keys only)",
+                "note": "trained without any line of this server (real or augment); its tools stay registered with "
+                        "text keys only, while every other tool also has exemplar keys",
                 "sizes": {s: summarize(held[s], _size_n(s, registry)) for s in size_list},
                 "same_lines_k_fold": {s: {k: in_dist[s][k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3")}
                                       for s in size_list},
@@ -380,7 +381,9 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             "folds": folds, "seed": seed, "sizes": size_list, "queries": str(queries), "tools": str(tools),
             "n_lines": len(lines), "n_tools": len(registry.tools),
             "equivalence_groups_count_as_correct": True,
-            "hyperparams": asdict(hp), "exemplar_weight": exemplar_weight,
+            "hyperparams": asdict(hp),
+            "exemplar_weight": exemplar_weight if exemplar_weight >= 0 else "each model's validation-chosen weight "
+                                                                            "(folds[].slb.exemplar_weight)",
             "augment": {"source": str(augment), "n_lines": len(extra),
                         "use": "fit split of every gate model only (never validation or evaluation); the held-out "
                                "server's model is trained without that server's augment lines"},

@@ -35,9 +35,9 @@ class RouterConfig(TransportSecurity):
     gate_model_dir: str = "var/models/gate"
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
-    # Weight of exemplar keys (the gate model's training queries) in the SLB score; 0 = text keys only
-    # (measured best on held-out queries, reports/routing_experiments.md).
-    exemplar_weight: float = 0.0
+    # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the
+    # gate model chose on its validation lines (slb.exemplar_weight in gate.json), 0 = text keys only.
+    exemplar_weight: float = -1.0
     # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
     native_scan: bool = True
     # How the router reaches a secured compiler: CA to trust (turns TLS on), client cert + key (mTLS), token.

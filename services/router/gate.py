@@ -64,6 +64,8 @@ class GateInfo:
     meta: dict[str, Any]
     alt_keys: bool = False
     lexical_weight: float = 0.0
+    # weight of the best exemplar key in the SLB score (chosen on validation; 0 = text keys only)
+    exemplar_weight: float = 0.0
 
 
 class GateModel:
@@ -82,7 +84,8 @@ class GateModel:
         self.info = GateInfo(path=str(root), tau=float(doc["tau"]), alpha=float(doc["alpha"]),
                              ce_top_k=int(doc["ce_top_k"]), max_turns=int(doc.get("max_turns", 4)), meta=doc,
                              alt_keys=bool(doc.get("slb", {}).get("alt_keys", False)),
-                             lexical_weight=float(doc.get("slb", {}).get("lexical_weight", 0.0)))
+                             lexical_weight=float(doc.get("slb", {}).get("lexical_weight", 0.0)),
+                             exemplar_weight=float(doc.get("slb", {}).get("exemplar_weight", 0.0)))
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
         self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",
@@ -99,6 +102,30 @@ class GateModel:
     def exists(path: str | Path) -> bool:
         root = Path(path)
         return (root / "gate.json").is_file() and (root / "query_encoder").is_dir() and (root / "cross_encoder").is_dir()
+
+    def exemplar_keys(self) -> dict[str, np.ndarray]:
+        """The model's exemplar keys per tool: the requests of ``exemplars.jsonl`` as embedded at calibration
+        (``exemplars.npy``); embedded now, slower, when a model has the texts only. ``{}`` when it has none."""
+        root = Path(self.info.path)
+        path = root / "exemplars.jsonl"
+        if not path.is_file():
+            return {}
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        vecs = None
+        if (root / "exemplars.npy").is_file():
+            vecs = np.load(root / "exemplars.npy")
+            enc = self.query_encoder
+            dim = (getattr(enc, "get_embedding_dimension", None) or enc.get_sentence_embedding_dimension)()
+            if vecs.shape != (len(rows), dim):
+                log.warning("%s/exemplars.npy has shape %s, expected %s: embedding the exemplars again", root,
+                            vecs.shape, (len(rows), dim))
+                vecs = None
+        if vecs is None:
+            vecs = self.embed_queries([r["text"] for r in rows]) if rows else np.zeros((0, 1), np.float32)
+        out: dict[str, list[int]] = {}
+        for i, r in enumerate(rows):
+            out.setdefault(r["tool"], []).append(i)
+        return {t: np.asarray(vecs[i], np.float32) for t, i in out.items()}
 
     def embed_queries(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         with self._lock:

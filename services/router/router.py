@@ -80,7 +80,8 @@ class Router:
             log.error("gate model %s was trained for another embedder; routing is SLB-only (escalation disabled)",
                       self.gate.info.path)
             self.gate = None
-        self.index = SemanticIndex(embedder.dim, exemplar_weight=config.exemplar_weight,
+        self.exemplar_weight = self._exemplar_weight()
+        self.index = SemanticIndex(embedder.dim, exemplar_weight=self.exemplar_weight,
                                    prefer_native=config.native_scan)
         self.view = RegistryView()
         self._ce_texts: dict[str, str] = {}
@@ -97,25 +98,18 @@ class Router:
             if info.alpha <= 0:
                 log.warning("gate model %s: validation gave the cross-encoder weight alpha=0, so it never changes a "
                             "decision; escalation is off (SLB with the tuned query encoder only)", info.path)
-            if config.exemplar_weight:
-                self.index.set_exemplars(self._exemplar_keys())
+            if self.exemplar_weight:
+                keys = self.gate.exemplar_keys()
+                self.index.set_exemplars(keys)
+                log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
+                                                        "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
 
-    def _exemplar_keys(self) -> dict[str, np.ndarray]:
-        """Exemplar keys: the gate's training requests, embedded with its query encoder, per tool."""
-        import json
-        from pathlib import Path
-
-        assert self.gate is not None
-        path = Path(self.gate.info.path) / "exemplars.jsonl"
-        if not path.is_file():
-            return {}
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        vecs = self.gate.embed_queries([r["text"] for r in rows]) if rows else np.zeros((0, self.embedder.dim))
-        out: dict[str, list[np.ndarray]] = {}
-        for r, v in zip(rows, vecs, strict=True):
-            out.setdefault(r["tool"], []).append(v)
-        return {k: np.vstack(v) for k, v in out.items()}
+    def _exemplar_weight(self) -> float:
+        """The configured exemplar weight, or (negative, the default) the gate model's validation-chosen one."""
+        if self.config.exemplar_weight >= 0:
+            return self.config.exemplar_weight if self.gate is not None else 0.0
+        return self.gate.info.exemplar_weight if self.gate is not None else 0.0
 
     @property
     def escalation_enabled(self) -> bool:

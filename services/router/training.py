@@ -52,12 +52,17 @@ log = logging.getLogger("nexus.router.training")
 TRAINING_VERSION = "gate-train-v1"
 # Calibration of the SLB scoring (alternate keys, lexical weight) and of tau / alpha under it, on the
 # validation split of a trained model: cheap (no training), so a cached model is calibrated in place.
-SLB_CALIBRATION_VERSION = "slb-cal-v2"  # v2: the cross-encoder must gain CE_MIN_GAIN on validation
+# v2: the cross-encoder must gain CE_MIN_GAIN on validation; v3: exemplar keys (the fit + augment requests) and
+# their weight (EXEMPLAR_GRID), written with the model as exemplars.jsonl + exemplars.npy
+SLB_CALIBRATION_VERSION = "slb-cal-v3"
 # The cross-encoder is switched on (alpha > 0) only when its best fused re-rank beats alpha = 0 by this much
 # validation accuracy: an escalation costs ~55 ms on this VM (gRPC p99 30.7 -> 95 ms at 16 % escalated), and the
 # production model of session 5 chose alpha 0.05 for +1.4 points (2 of 144 lines) that no fold reproduced.
 CE_MIN_GAIN = 0.02
 LEXICAL_GRID: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
+# Weights of the best exemplar key (score = key + w * best exemplar); reports/routing_experiments.md §14 found
+# 0.5 and 0.75 on two folds' validation lines
+EXEMPLAR_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
 
 
 @dataclass(frozen=True)
@@ -338,12 +343,36 @@ def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[
     return ce, {"history": history, "best_epoch": best[1], **best[2]}
 
 
+def exemplar_groups(tools_of: Sequence[str], vecs: np.ndarray) -> dict[str, np.ndarray]:
+    """Exemplar keys per tool: the rows of ``vecs`` grouped by the tool each row's request routes to."""
+    rows: dict[str, list[int]] = {}
+    for i, t in enumerate(tools_of):
+        rows.setdefault(t, []).append(i)
+    return {t: np.asarray(vecs[r], np.float32) for t, r in rows.items()}
+
+
+def write_exemplars(out: Path, examples: Sequence[Example], vecs: np.ndarray) -> None:
+    """``exemplars.jsonl`` (id, tool, text per row) and ``exemplars.npy`` (the rows' query-encoder vectors, float32),
+    each replaced atomically."""
+    if len(examples) != len(vecs):
+        raise ValueError(f"{len(examples)} exemplars but {len(vecs)} vectors")
+    tmp = out / ".exemplars.jsonl.tmp"
+    tmp.write_text("".join(json.dumps({"id": e.id, "tool": e.tool, "text": e.text}) + "\n" for e in examples))
+    os.replace(tmp, out / "exemplars.jsonl")
+    with open(out / ".exemplars.npy.tmp", "wb") as f:
+        np.save(f, np.asarray(vecs, np.float32))
+    os.replace(out / ".exemplars.npy.tmp", out / "exemplars.npy")
+
+
 def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams,
-                  keys: np.ndarray | None = None) -> dict[str, Any]:
+                  keys: np.ndarray | None = None, exemplars: Sequence[Example] = (),
+                  exemplar_vecs: np.ndarray | None = None) -> dict[str, Any]:
     """Choose the SLB scoring on the validation split: the description key alone or the max with the
-    alternate key (``keys.alt_tool_text``), plus ``w`` times the lexical score, ``w`` in ``LEXICAL_GRID``
-    (best val top-1 over the whole registry; ties keep the simpler setting). Then tau (margin percentile)
-    and the cross-encoder weight alpha are re-chosen under that scoring, as ``train_gate`` does."""
+    alternate key (``keys.alt_tool_text``), plus ``w`` times the best exemplar key (``exemplars``: requests that
+    route to the tool, never a validation line; their query-encoder vectors ``exemplar_vecs``), ``w`` in
+    ``EXEMPLAR_GRID``, plus ``l`` times the lexical score, ``l`` in ``LEXICAL_GRID`` (best val top-1 over the
+    whole registry; ties keep the simpler setting). Then tau (margin percentile) and the cross-encoder weight
+    alpha are re-chosen under that scoring, as ``train_gate`` does."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -354,29 +383,41 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
         keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
     alt = _encode_eval(base, [alt_tool_text(by_name[n]) for n in names])
     del base
-    plain, multi = SemanticIndex(keys.shape[1]), SemanticIndex(keys.shape[1])
-    plain.replace_all({n: keys[i] for i, n in enumerate(names)})
-    multi.set_alt_keys({n: alt[i] for i, n in enumerate(names)})
-    multi.replace_all({n: keys[i] for i, n in enumerate(names)})
+    if exemplar_vecs is None:
+        exemplar_vecs = _encode_eval(qenc, [e.text for e in exemplars]) if exemplars else np.zeros((0, keys.shape[1]))
+    val_ids = {e.id for e in val}
+    if any(e.id in val_ids for e in exemplars):
+        raise ValueError("a validation line is among the exemplar keys: the exemplar weight would be chosen in-sample")
+    ex_keys = exemplar_groups([e.tool for e in exemplars], exemplar_vecs)
+    ex_grid = EXEMPLAR_GRID if ex_keys else (0.0,)
+    indexes: dict[tuple[bool, float], SemanticIndex] = {}
+    for use_alt in (False, True):
+        for wx in ex_grid:
+            index = indexes[use_alt, wx] = SemanticIndex(keys.shape[1], exemplar_weight=wx)
+            if wx:
+                index.set_exemplars(ex_keys)
+            if use_alt:
+                index.set_alt_keys({n: alt[i] for i, n in enumerate(names)})
+            index.replace_all({n: keys[i] for i, n in enumerate(names)})
     lexical = LexicalIndex.of_tools([by_name[n] for n in names])
+    counts = {"n_exemplars": len(exemplars), "n_exemplar_tools": len(ex_keys)}
     if not val:
         return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": False,
-                "lexical_weight": 0.0, "n_val": 0}
+                "lexical_weight": 0.0, "exemplar_weight": 0.0, "n_val": 0, **counts}
     qv = _encode_eval(qenc, [e.text for e in val])
     lex = [lexical.scores(query_part(e.text)) for e in val]
     by_setting: dict[str, float] = {}
-    best: tuple[float, bool, float] | None = None
-    for use_alt in (False, True):
-        index = multi if use_alt else plain
+    best: tuple[float, bool, float, float] | None = None
+    for (use_alt, wx), index in indexes.items():
         for w in LEXICAL_GRID:
             acc = float(np.mean([index.search(q, 1, bonus=w * lx)[0][0] in e.positives
                                  for q, lx, e in zip(qv, lex, val, strict=True)]))
-            by_setting[f"{'max2' if use_alt else 'desc'}+{w}"] = acc
+            by_setting[setting_name(use_alt, w, wx)] = acc
             if best is None or acc > best[0]:
-                best = (acc, use_alt, w)
+                best = (acc, use_alt, w, wx)
     assert best is not None
-    _, use_alt, w = best
-    index = multi if use_alt else plain
+    _, use_alt, w, wx = best
+    index = indexes[use_alt, wx]
     cands = [index.search(q, max(hp.ce_top_k, 2), bonus=w * lx) for q, lx in zip(qv, lex, strict=True)]
     margins = np.array([c[0][1] - c[1][1] for c in cands if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
@@ -402,9 +443,15 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
             pick = top[int(np.argmax(fuse(np.array([s for _, s in top]), lg, alpha)))][0]
         gated_ok += pick in e.positives
     return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": bool(use_alt),
-            "lexical_weight": float(w), "n_val": len(val), "val_slb_top1": best[0], "by_setting": by_setting,
+            "lexical_weight": float(w), "exemplar_weight": float(wx), **counts, "n_val": len(val),
+            "val_slb_top1": best[0], "by_setting": by_setting,
             "tau": tau, "alpha": float(alpha), "by_alpha": by_alpha, "ce_min_gain": CE_MIN_GAIN,
             "val_gated_accuracy": gated_ok / len(val), "val_escalation_rate": escalated / len(val)}
+
+
+def setting_name(alt_keys: bool, lexical_weight: float, exemplar_weight: float) -> str:
+    """The key of one SLB scoring in ``by_setting``: ``desc|max2 + lexical weight + ex exemplar weight``."""
+    return f"{'max2' if alt_keys else 'desc'}+{lexical_weight}+ex{exemplar_weight}"
 
 
 def choose_alpha(by_alpha: dict[str, float], grid: Sequence[float], min_gain: float = CE_MIN_GAIN) -> float:
@@ -429,8 +476,13 @@ def _apply_calibration(doc: dict[str, Any], cal: dict[str, Any]) -> dict[str, An
     return doc
 
 
+def exemplar_examples(fit: Sequence[Example], extra: Sequence[Example]) -> list[Example]:
+    """The exemplar keys of a model: its fit lines (never validation) and the extra lines, in id order."""
+    return sorted([*fit, *extra], key=lambda e: e.id)
+
+
 def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Example], tools: Sequence[Tool],
-                        hp: GateHyperParams) -> dict[str, Any]:
+                        hp: GateHyperParams, extra: Sequence[Example] = ()) -> dict[str, Any]:
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     val_ids = set(doc.get("val_ids") or [])
@@ -438,12 +490,16 @@ def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Examp
     qenc = SentenceTransformer(str(out / "query_encoder"), device="cpu")
     ce = CrossEncoder(str(out / "cross_encoder"), device="cpu", max_length=hp.ce_max_len)
     _seed_all(hp.seed)
-    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp))
+    exemplars = exemplar_examples([e for e in examples if e.id not in val_ids], extra)
+    ex_vecs = _encode_eval(qenc, [e.text for e in exemplars])
+    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, exemplars=exemplars, exemplar_vecs=ex_vecs))
+    write_exemplars(out, exemplars, ex_vecs)
     tmp = out / ".gate.json.tmp"
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
     os.replace(tmp, out / "gate.json")
-    log.info("gate model %s calibrated: alt keys %s, lexical weight %s, tau %.4f, alpha %s", out,
-             doc["slb"]["alt_keys"], doc["slb"]["lexical_weight"], doc["tau"], doc["alpha"])
+    log.info("gate model %s calibrated: alt keys %s, lexical weight %s, exemplar weight %s, tau %.4f, alpha %s",
+             out, doc["slb"]["alt_keys"], doc["slb"]["lexical_weight"], doc["slb"]["exemplar_weight"], doc["tau"],
+             doc["alpha"])
     return doc
 
 
@@ -477,7 +533,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         if doc.get("data_hash") == digest and (out / "query_encoder").is_dir() and (out / "cross_encoder").is_dir():
             log.info("gate model %s is up to date (hash %s); skipping training", out, digest[:12])
             if doc.get("slb", {}).get("version") != SLB_CALIBRATION_VERSION:
-                doc = _calibrate_existing(out, doc, examples, tools, hp)
+                doc = _calibrate_existing(out, doc, examples, tools, hp, extra_examples)
             if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
                 export_query_onnx(out / "query_encoder")
             return doc
@@ -546,7 +602,9 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         "val_escalation_rate": escalated / len(val) if val else None,
         "train_seconds": round(time.time() - t0, 1),
     }
-    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, keys))
+    exemplars = exemplar_examples(fit_real, extra_examples)
+    ex_vecs = _encode_eval(qenc, [e.text for e in exemplars])
+    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, keys, exemplars, ex_vecs))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
@@ -554,9 +612,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         export_query_onnx(tmp / "query_encoder", qenc)
         ce.save(str(tmp / "cross_encoder"))
         (tmp / "gate.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
-        # the training requests, for optional exemplar keys in the SLB (RouterConfig.exemplar_weight)
-        (tmp / "exemplars.jsonl").write_text("".join(json.dumps({"id": e.id, "tool": e.tool, "text": e.text}) + "\n"
-                                                     for e in sorted(examples, key=lambda e: e.id)))
+        # the exemplar keys of the SLB (weight chosen on validation, slb.exemplar_weight): fit + extra requests
+        write_exemplars(tmp, exemplars, ex_vecs)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -15,7 +15,14 @@ from services.evals.data import equivalents, load_queries, load_registry
 from services.router.config import RouterConfig
 from services.router.keys import LexicalIndex, alt_tool_text, query_part
 from services.router.router import HistoryTurn, Router
-from services.router.training import LEXICAL_GRID, SLB_CALIBRATION_VERSION, GateHyperParams, train_gate
+from services.router.training import (
+    EXEMPLAR_GRID,
+    LEXICAL_GRID,
+    SLB_CALIBRATION_VERSION,
+    GateHyperParams,
+    setting_name,
+    train_gate,
+)
 from tests.conftest import SHARED
 
 SERVERS = {"time", "redis"}
@@ -69,8 +76,9 @@ def test_slb_calibration_is_chosen_on_validation_and_in_force(tiny):
     slb = tiny["doc"]["slb"]
     assert slb["version"] == SLB_CALIBRATION_VERSION and slb["n_val"] == tiny["doc"]["n_val"]
     assert slb["lexical_weight"] in LEXICAL_GRID and isinstance(slb["alt_keys"], bool)
-    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID)
-    chosen = f"{'max2' if slb['alt_keys'] else 'desc'}+{slb['lexical_weight']}"
+    assert slb["exemplar_weight"] in EXEMPLAR_GRID and slb["n_exemplars"] == tiny["doc"]["n_fit"]
+    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID) * len(EXEMPLAR_GRID)
+    chosen = setting_name(slb["alt_keys"], slb["lexical_weight"], slb["exemplar_weight"])
     assert slb["by_setting"][chosen] == slb["val_slb_top1"] == max(slb["by_setting"].values())
     assert (tiny["doc"]["tau"], tiny["doc"]["alpha"]) == (slb["tau"], slb["alpha"]) and slb["alpha"] in HP.alpha_grid
 
@@ -82,8 +90,10 @@ def test_cached_model_without_calibration_is_calibrated_in_place(tiny):
     before = doc.pop("slb")
     doc.update(before["before"])  # the uncalibrated doc as an older training run wrote it
     (dst / "gate.json").write_text(json.dumps(doc))
+    (dst / "exemplars.npy").unlink()  # older models have the texts only
     again = train_gate(tiny["lines"], tiny["tools"], dst, HP, equivalents=equivalents, progress=False)
     assert again["slb"] == before and again["tau"] == tiny["doc"]["tau"]
+    np.testing.assert_allclose(np.load(dst / "exemplars.npy"), np.load(tiny["gate"] / "exemplars.npy"), atol=1e-6)
     assert json.loads((dst / "gate.json").read_text())["slb"] == before
     assert _weights_digest(dst) == _weights_digest(tiny["gate"])  # not retrained
 
@@ -95,13 +105,13 @@ def _router(store, embedder, gate_dir):
     return r
 
 
-def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0):
-    dst = tiny["root"] / f"tau{tau}-alpha{alpha}-alt{alt_keys}-lex{lexical_weight}"
+def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0, exemplar_weight=0.0):
+    dst = tiny["root"] / f"tau{tau}-alpha{alpha}-alt{alt_keys}-lex{lexical_weight}-ex{exemplar_weight}"
     if not dst.exists():
         shutil.copytree(tiny["gate"], dst)
         doc = json.loads((dst / "gate.json").read_text())
         doc["tau"], doc["alpha"] = tau, alpha
-        doc["slb"].update(alt_keys=alt_keys, lexical_weight=lexical_weight)
+        doc["slb"].update(alt_keys=alt_keys, lexical_weight=lexical_weight, exemplar_weight=exemplar_weight)
         (dst / "gate.json").write_text(json.dumps(doc))
     return dst
 
@@ -127,6 +137,38 @@ def test_router_scores_the_max_of_both_keys_plus_the_lexical_addend(tiny, embedd
     assert store.get(r._alt_key_name(tiny["tools"][0]))
     plain = _router(store, embedder, _with_tau(tiny, -1e9))
     assert not plain.index._snap.has_alt and plain._lexical_bonus(query) is None
+
+
+def test_exemplar_keys_are_stored_with_the_model_and_scored_at_the_chosen_weight(tiny, embedder, tmp_path):
+    from services.router.gate import GateModel
+
+    g = GateModel(tiny["gate"], threads=1)
+    rows = [json.loads(x) for x in (tiny["gate"] / "exemplars.jsonl").read_text().splitlines()]
+    stored = np.load(tiny["gate"] / "exemplars.npy")
+    assert len(rows) == len(stored) == tiny["doc"]["n_fit"] and not {r["id"] for r in rows} & set(tiny["doc"]["val_ids"])
+    np.testing.assert_allclose(stored[:5], g.embed_queries([r["text"] for r in rows[:5]]), atol=1e-5)
+    keys = g.exemplar_keys()
+    assert sum(len(v) for v in keys.values()) == len(rows) and set(keys) <= {t.name for t in tiny["tools"]}
+
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    r = _router(store, embedder, _with_tau(tiny, -1e9, exemplar_weight=0.75))
+    assert r.exemplar_weight == 0.75 and r.index._snap.n_exemplars == len(rows)
+    query = "what time is it in Tokyo right now?"
+    d = r.route(query, top_k=len(tiny["tools"]))
+    q = r.gate.embed_query(query)
+    names = r.index.names()
+    text = np.array([r.index.vector(n) for n in names]) @ q
+    best = {n: float((keys[n] @ q).max()) if n in keys else float(text[i]) for i, n in enumerate(names)}
+    want = {n: text[i] + 0.75 * best[n] for i, n in enumerate(names)}
+    for n, s in d.candidates:
+        assert s == pytest.approx(want[n], abs=0.02)
+    # the configured weight overrides the model's: 0 turns exemplar keys off
+    cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(_with_tau(tiny, -1e9, exemplar_weight=0.75)),
+                       native_scan=False, exemplar_weight=0.0)
+    off = Router(cfg, store, embedder)
+    asyncio.run(off.sync(force=True))
+    assert off.exemplar_weight == 0.0 and off.index._snap.n_exemplars == 0
 
 
 def test_router_escalates_below_tau_and_reranks_top_k(tiny, embedder, tmp_path):
@@ -190,8 +232,11 @@ def test_augment_lines_join_the_fit_split_only(tiny):
     assert doc["n_fit_extra"] == len(extra) and doc["n_fit"] == tiny["doc"]["n_fit"] + len(extra)
     # validation (tau, alpha, SLB calibration) stays on the same real lines
     assert doc["val_ids"] == tiny["doc"]["val_ids"] and not any(i.startswith(("a-", "b-", "c-")) for i in doc["val_ids"])
-    assert not any(json.loads(row)["id"].startswith(("a-", "b-", "c-")) for row in
-                   (out / "exemplars.jsonl").read_text().splitlines())
+    # the exemplar keys: every fit line, real and augment, and no validation line
+    ids = [json.loads(row)["id"] for row in (out / "exemplars.jsonl").read_text().splitlines()]
+    assert len(ids) == doc["n_fit"] == doc["slb"]["n_exemplars"] and not set(ids) & set(doc["val_ids"])
+    assert sum(i.startswith(("a-", "b-", "c-")) for i in ids) == len(extra)
+    assert np.load(out / "exemplars.npy").shape == (len(ids), 384)
 
 
 def test_single_query_fast_path_gives_the_encode_vector(tiny):
