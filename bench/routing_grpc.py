@@ -90,6 +90,7 @@ def plot(rep: dict, samples: dict[str, list[float]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -102,6 +103,10 @@ def plot(rep: dict, samples: dict[str, list[float]], path: Path) -> None:
         ax.axvline(ms, ls="--", lw=0.8, color="grey")
         ax.text(ms, 0.02, f" {q}", fontsize=7, color="grey")
     ax.set_xscale("log")
+    ax.set_xlim(right=max(60.0, max(max(xs) for xs in samples.values()) * 1.1))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xticks([5, 10, 15, 20, 30, 40, 60, 100])
     ax.set_xlabel("Route round trip over gRPC, ms (log)")
     ax.set_ylabel("fraction of requests")
     ax.set_title(f"Route latency at N = {rep['registry_size']}, {rep['repeats']} interleaved passes, "
