@@ -1,0 +1,39 @@
+"""bench/routing_grpc.py against real router processes (a few requests; latency figures are the bench's, not
+asserted here): both arms answer every request, only the model arm loads exemplar keys, the plot is written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, SHARED
+
+GATE = REPO / "var" / "models" / "gate"
+
+
+def _run(tmp_path, *extra):
+    return subprocess.run([sys.executable, str(REPO / "bench" / "routing_grpc.py"), "--tools",
+                           str(SHARED / "data" / "mcp_tools"), "--queries", str(SHARED / "data" / "queries" / "train.jsonl"),
+                           "--gate", str(GATE), "--json", str(tmp_path / "rg.json"), *extra],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+def test_arms_run_side_by_side_over_grpc(tmp_path):
+    if not (GATE / "gate.json").is_file():
+        pytest.fail("no gate model at var/models/gate: run `make setup` (it trains and links it)")
+    doc = json.loads((GATE / "gate.json").read_text())
+    out = _run(tmp_path, "--limit", "6", "--repeats", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = json.loads((tmp_path / "rg.json").read_text())
+    assert rep["registry_size"] == 338 and set(rep["arms"]) == {"model", "text"}
+    for arm in rep["arms"].values():
+        assert arm["n_requests"] == 12 and arm["rtt_ms_p50"] > 0 and arm["rtt_ms_p99"] >= arm["rtt_ms_p50"]
+    assert rep["arms"]["model"]["exemplar_keys_loaded"] == (doc["slb"]["exemplar_weight"] > 0)
+    assert not rep["arms"]["text"]["exemplar_keys_loaded"]
+    assert rep["p50_ratio_model_over_text"] > 0 and (tmp_path / "rg.png").stat().st_size > 10_000
+
+
+def test_unknown_arm_is_a_clear_error(tmp_path):
+    out = _run(tmp_path, "--arms", "model,fast")
+    assert out.returncode == 2 and "unknown arm" in out.stderr and "'fast'" in out.stderr
