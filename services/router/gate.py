@@ -66,6 +66,8 @@ class GateInfo:
     lexical_weight: float = 0.0
     # weight of the best exemplar key in the SLB score (chosen on validation; 0 = text keys only)
     exemplar_weight: float = 0.0
+    # exemplar score offset from the key score for tools without exemplars (registered after training)
+    exemplar_gap: float = 0.0
 
 
 class GateModel:
@@ -85,7 +87,8 @@ class GateModel:
                              ce_top_k=int(doc["ce_top_k"]), max_turns=int(doc.get("max_turns", 4)), meta=doc,
                              alt_keys=bool(doc.get("slb", {}).get("alt_keys", False)),
                              lexical_weight=float(doc.get("slb", {}).get("lexical_weight", 0.0)),
-                             exemplar_weight=float(doc.get("slb", {}).get("exemplar_weight", 0.0)))
+                             exemplar_weight=float(doc.get("slb", {}).get("exemplar_weight", 0.0)),
+                             exemplar_gap=float(doc.get("slb", {}).get("exemplar_gap", 0.0)))
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
         self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",

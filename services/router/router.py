@@ -82,7 +82,8 @@ class Router:
             self.gate = None
         self.exemplar_weight = self._exemplar_weight()
         self.index = SemanticIndex(embedder.dim, exemplar_weight=self.exemplar_weight,
-                                   prefer_native=config.native_scan)
+                                   prefer_native=config.native_scan,
+                                   exemplar_gap=self.gate.info.exemplar_gap if self.gate is not None else 0.0)
         self.view = RegistryView()
         self._ce_texts: dict[str, str] = {}
         self._lexical: tuple[list[str], LexicalIndex] | None = None
@@ -102,6 +103,7 @@ class Router:
                 keys = self.gate.exemplar_keys()
                 self.index.set_exemplars(keys)
                 log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
+                                                        "gap": self.gate.info.exemplar_gap,
                                                         "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
 

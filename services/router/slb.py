@@ -4,10 +4,11 @@ Every tool has one *text key*: the unit-norm embedding of its text (``tool_text`
 spaces + description, the measured best of the variants in reports/routing_experiments.md). A tool may also
 have *exemplar keys*: embeddings of queries known to route to it. A tool's score is
 
-    text_sim + exemplar_weight * (best exemplar sim, or text_sim when the tool has no exemplar)
+    text_sim + exemplar_weight * (best exemplar sim, or text_sim + exemplar_gap when the tool has no exemplar)
 
-so with ``exemplar_weight == 0`` it is plain cosine similarity, and tools without exemplars are not ranked
-below tools with them for lacking one. The router takes the weight its gate model chose on validation
+so with ``exemplar_weight == 0`` it is plain cosine similarity. ``exemplar_gap`` (chosen on validation: the
+median of best exemplar sim - text sim for the right tool) stands in for the exemplars a tool registered after
+training does not have, so it is not ranked below tools with them for lacking one. The router takes the weight its gate model chose on validation
 (``slb.exemplar_weight``, training's ``calibrate_slb``): the fit and augment requests of every tool, ~4,900 rows
 over 338 tools, lift held-out top-1 by ~9 points (reports/routing_experiments.md §14). A tool may
 have an *alternate key* (``set_alt_keys``: another text of the tool, services/router/keys.py); then its
@@ -113,8 +114,10 @@ class _Snapshot:
     """An immutable built index: swapped in whole so readers never see a half-built one."""
 
     def __init__(self, dim: int, names: list[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray],
-                 exemplar_weight: float, prefer_native: bool, alt: Mapping[str, np.ndarray] | None = None):
+                 exemplar_weight: float, prefer_native: bool, alt: Mapping[str, np.ndarray] | None = None,
+                 exemplar_gap: float = 0.0):
         self.names = names
+        self.exemplar_gap = np.float32(exemplar_gap)
         self.pos = {n: i for i, n in enumerate(names)}
         self.text = np.ascontiguousarray(text, np.float32).reshape(len(names), dim)
         self.exemplar_weight = float(exemplar_weight)
@@ -152,8 +155,8 @@ class _Snapshot:
             text = np.maximum(text, s[n + self.n_exemplars : 2 * n + self.n_exemplars])
         if self.n_exemplars == 0:
             return text
-        best = text.copy()
-        best[self.ex_tools] = np.maximum.reduceat(s[n:], self.ex_starts)
+        best = text + self.exemplar_gap
+        best[self.ex_tools] = np.maximum.reduceat(s[n : n + self.n_exemplars], self.ex_starts)
         return text + self.exemplar_weight * best
 
 
@@ -161,9 +164,10 @@ class SemanticIndex:
     """Tool keys by name; ``search`` returns the top-k tools by (INT8) score. Thread-safe: builds are
     serialised and swapped in atomically; searches read one consistent snapshot."""
 
-    def __init__(self, dim: int, exemplar_weight: float = 0.0, prefer_native: bool = True):
+    def __init__(self, dim: int, exemplar_weight: float = 0.0, prefer_native: bool = True, exemplar_gap: float = 0.0):
         self.dim = dim
         self.exemplar_weight = float(exemplar_weight)
+        self.exemplar_gap = float(exemplar_gap)
         self.prefer_native = prefer_native
         self._exemplars: dict[str, np.ndarray] = {}
         self._alt: dict[str, np.ndarray] = {}
@@ -194,7 +198,7 @@ class SemanticIndex:
             self._exemplars = {k: np.asarray(v, np.float32).reshape(-1, self.dim) for k, v in exemplars.items()}
             snap = self._snap
             self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
-                                   self.prefer_native, self._alt)
+                                   self.prefer_native, self._alt, self.exemplar_gap)
 
     def set_alt_keys(self, alt: Mapping[str, np.ndarray]) -> None:
         """Alternate keys per tool name (a tool then scores the max of its two keys); ``{}`` turns them off."""
@@ -205,7 +209,7 @@ class SemanticIndex:
             self._alt = {k: np.asarray(v, np.float32).reshape(self.dim) for k, v in alt.items()}
             snap = self._snap
             self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
-                                   self.prefer_native, self._alt)
+                                   self.prefer_native, self._alt, self.exemplar_gap)
 
     def replace_all(self, items: Mapping[str, np.ndarray]) -> None:
         """Rebuild from ``{name: text key}`` (the registry's order is kept)."""
@@ -217,7 +221,7 @@ class SemanticIndex:
                 if names else np.zeros((0, self.dim), np.float32))
         with self._lock:
             self._snap = _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native,
-                                   self._alt)
+                                   self._alt, self.exemplar_gap)
 
     def upsert(self, items: Mapping[str, np.ndarray]) -> None:
         with self._lock:

@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,9 @@ TRAINING_VERSION = "gate-train-v1"
 # Calibration of the SLB scoring (alternate keys, lexical weight) and of tau / alpha under it, on the
 # validation split of a trained model: cheap (no training), so a cached model is calibrated in place.
 # v2: the cross-encoder must gain CE_MIN_GAIN on validation; v3: exemplar keys (the fit + augment requests) and
-# their weight (EXEMPLAR_GRID), written with the model as exemplars.jsonl + exemplars.npy
-SLB_CALIBRATION_VERSION = "slb-cal-v3"
+# their weight (EXEMPLAR_GRID), written with the model as exemplars.jsonl + exemplars.npy; v4: ties of validation
+# top-1 broken by mean reciprocal rank, and the exemplar gap of tools registered after training
+SLB_CALIBRATION_VERSION = "slb-cal-v4"
 # The cross-encoder is switched on (alpha > 0) only when its best fused re-rank beats alpha = 0 by this much
 # validation accuracy: an escalation costs ~55 ms on this VM (gRPC p99 30.7 -> 95 ms at 16 % escalated), and the
 # production model of session 5 chose alpha 0.05 for +1.4 points (2 of 144 lines) that no fold reproduced.
@@ -63,6 +64,8 @@ LEXICAL_GRID: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15
 # Weights of the best exemplar key (score = key + w * best exemplar); reports/routing_experiments.md §14 found
 # 0.5 and 0.75 on two folds' validation lines
 EXEMPLAR_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
+# depth of the ranking whose mean reciprocal rank breaks ties between settings of equal validation top-1
+MRR_DEPTH = 10
 
 
 @dataclass(frozen=True)
@@ -407,17 +410,28 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     qv = _encode_eval(qenc, [e.text for e in val])
     lex = [lexical.scores(query_part(e.text)) for e in val]
     by_setting: dict[str, float] = {}
-    best: tuple[float, bool, float, float] | None = None
+    by_setting_mrr: dict[str, float] = {}
+    best: tuple[float, float, bool, float, float] | None = None
     for (use_alt, wx), index in indexes.items():
         for w in LEXICAL_GRID:
-            acc = float(np.mean([index.search(q, 1, bonus=w * lx)[0][0] in e.positives
-                                 for q, lx, e in zip(qv, lex, val, strict=True)]))
+            ranks = [_first_hit([n for n, _ in index.search(q, MRR_DEPTH, bonus=w * lx)], e.positives)
+                     for q, lx, e in zip(qv, lex, val, strict=True)]
+            acc = float(np.mean([r == 1 for r in ranks]))
+            mrr = float(np.mean([1.0 / r if r else 0.0 for r in ranks]))
             by_setting[setting_name(use_alt, w, wx)] = acc
-            if best is None or acc > best[0]:
-                best = (acc, use_alt, w, wx)
+            by_setting_mrr[setting_name(use_alt, w, wx)] = mrr
+            # top-1 first; among equals (common on ~100 lines) the better mean reciprocal rank, then the simpler
+            if best is None or (acc, mrr) > best[:2]:
+                best = (acc, mrr, use_alt, w, wx)
     assert best is not None
-    _, use_alt, w, wx = best
-    index = indexes[use_alt, wx]
+    _, _, use_alt, w, wx = best
+    gap = exemplar_gap(qv, val, keys, alt if use_alt else None, names, ex_keys) if wx else 0.0
+    index = SemanticIndex(keys.shape[1], exemplar_weight=wx, exemplar_gap=gap)
+    if wx:
+        index.set_exemplars(ex_keys)
+    if use_alt:
+        index.set_alt_keys({n: alt[i] for i, n in enumerate(names)})
+    index.replace_all({n: keys[i] for i, n in enumerate(names)})
     cands = [index.search(q, max(hp.ce_top_k, 2), bonus=w * lx) for q, lx in zip(qv, lex, strict=True)]
     margins = np.array([c[0][1] - c[1][1] for c in cands if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
@@ -443,10 +457,33 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
             pick = top[int(np.argmax(fuse(np.array([s for _, s in top]), lg, alpha)))][0]
         gated_ok += pick in e.positives
     return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": bool(use_alt),
-            "lexical_weight": float(w), "exemplar_weight": float(wx), **counts, "n_val": len(val),
-            "val_slb_top1": best[0], "by_setting": by_setting,
+            "lexical_weight": float(w), "exemplar_weight": float(wx), "exemplar_gap": gap, **counts,
+            "n_val": len(val), "val_slb_top1": best[0], "val_slb_mrr": best[1], "by_setting": by_setting,
+            "by_setting_mrr": by_setting_mrr,
             "tau": tau, "alpha": float(alpha), "by_alpha": by_alpha, "ce_min_gain": CE_MIN_GAIN,
             "val_gated_accuracy": gated_ok / len(val), "val_escalation_rate": escalated / len(val)}
+
+
+def _first_hit(ranked: Sequence[str], positives: frozenset[str]) -> int:
+    """1-based rank of the first correct tool in ``ranked``, 0 when none is."""
+    return next((i + 1 for i, n in enumerate(ranked) if n in positives), 0)
+
+
+def exemplar_gap(qv: np.ndarray, val: Sequence[Example], keys: np.ndarray, alt: np.ndarray | None,
+                 names: Sequence[str], ex_keys: Mapping[str, np.ndarray]) -> float:
+    """The exemplar score a tool without exemplars gets, as an offset from its key score: the median over the
+    validation lines of (best exemplar sim - key sim) of the line's own tool. A tool registered after training
+    then competes as a typical tool with exemplars would for a request that is meant for it."""
+    pos = {n: i for i, n in enumerate(names)}
+    gaps = []
+    for q, e in zip(qv, val, strict=True):
+        if e.tool not in ex_keys or e.tool not in pos:
+            continue
+        key = float(keys[pos[e.tool]] @ q)
+        if alt is not None:
+            key = max(key, float(alt[pos[e.tool]] @ q))
+        gaps.append(float((ex_keys[e.tool] @ q).max()) - key)
+    return float(np.median(gaps)) if gaps else 0.0
 
 
 def setting_name(alt_keys: bool, lexical_weight: float, exemplar_weight: float) -> str:

@@ -80,6 +80,10 @@ def test_slb_calibration_is_chosen_on_validation_and_in_force(tiny):
     assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID) * len(EXEMPLAR_GRID)
     chosen = setting_name(slb["alt_keys"], slb["lexical_weight"], slb["exemplar_weight"])
     assert slb["by_setting"][chosen] == slb["val_slb_top1"] == max(slb["by_setting"].values())
+    # among settings of equal top-1 the best mean reciprocal rank wins
+    tied = [k for k, v in slb["by_setting"].items() if v == slb["val_slb_top1"]]
+    assert slb["by_setting_mrr"][chosen] == slb["val_slb_mrr"] == max(slb["by_setting_mrr"][k] for k in tied)
+    assert np.isfinite(slb["exemplar_gap"]) and (slb["exemplar_weight"] > 0 or slb["exemplar_gap"] == 0.0)
     assert (tiny["doc"]["tau"], tiny["doc"]["alpha"]) == (slb["tau"], slb["alpha"]) and slb["alpha"] in HP.alpha_grid
 
 
@@ -259,3 +263,20 @@ def test_the_cross_encoder_is_switched_on_only_for_a_real_validation_gain():
     assert choose_alpha({"0.0": 0.69, "0.05": 0.70, "0.2": 0.74, "0.5": 0.74}, grid) == 0.2
     assert choose_alpha({"0.0": 0.5, "0.05": 0.5 + CE_MIN_GAIN, "0.2": 0.5, "0.5": 0.4}, grid) == 0.05
     assert choose_alpha({"0.0": 0.8, "0.05": 0.7, "0.2": 0.6, "0.5": 0.5}, grid) == 0.0
+
+
+def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
+    from services.router.training import Example, exemplar_gap
+
+    e = np.eye(4, dtype=np.float32)
+    keys = np.stack([e[0], e[1]])  # tools a, b
+    q = np.stack([0.6 * e[0] + 0.8 * e[2], 0.6 * e[1] + 0.8 * e[3], 0.6 * e[0] + 0.8 * e[2]])
+    val = [Example("1", "x", "a", frozenset({"a"})), Example("2", "y", "b", frozenset({"b"})),
+           Example("3", "z", "c", frozenset({"c"}))]  # c: not in the registry, skipped
+    ex = {"a": np.stack([e[2], -e[2]]), "b": np.stack([0.5 * e[3]])}
+    # a: best exemplar 0.8 - key 0.6 = 0.2; b: 0.4 - 0.6 = -0.2 -> median 0
+    assert exemplar_gap(q[:2], val[:2], keys, None, ["a", "b"], ex) == pytest.approx(0.0, abs=1e-6)
+    assert exemplar_gap(q[:1], val[:1], keys, None, ["a", "b"], ex) == pytest.approx(0.2, abs=1e-6)
+    # the alternate key raises the key side: a's key becomes max(0.6, 0.8) = 0.8
+    assert exemplar_gap(q[:1], val[:1], keys, np.stack([e[2], e[1]]), ["a", "b"], ex) == pytest.approx(0.0, abs=1e-6)
+    assert exemplar_gap(q, val, keys, None, ["a", "b"], {}) == 0.0

@@ -85,6 +85,28 @@ def test_exemplar_keys_lift_their_tool_and_spare_tools_without_them():
     assert top[0][0] == "c" and top[0][1] == pytest.approx(float(keys[2] @ query) + 1.0, abs=0.02)
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_exemplars_alternate_keys_and_the_gap_score_each_tool_apart(native):
+    if native:
+        pytest.importorskip("nexus_native", reason="the native scan is built by `make setup`")
+    rng = np.random.default_rng(5)
+    keys, alt = _unit(rng, 3), _unit(rng, 3)
+    query = _unit(rng, 1)[0]
+    alt[2] = query  # c's alternate key is the query itself
+    ex_a = _unit(rng, 2)
+    index = SemanticIndex(384, exemplar_weight=0.5, prefer_native=native, exemplar_gap=0.1)
+    index.set_alt_keys({"a": alt[0], "b": alt[1], "c": alt[2]})
+    index.set_exemplars({"a": ex_a})  # a is the only (so the last) tool with exemplars
+    index.replace_all({"a": keys[0], "b": keys[1], "c": keys[2]})
+    names, got = index.scores(query)
+    text = {n: max(float(keys[i] @ query), float(alt[i] @ query)) for i, n in enumerate("abc")}
+    want = {"a": text["a"] + 0.5 * float((ex_a @ query).max()),  # its exemplars only, never the alternate rows
+            "b": text["b"] + 0.5 * (text["b"] + 0.1), "c": text["c"] + 0.5 * (text["c"] + 0.1)}
+    assert names == ["a", "b", "c"]
+    assert list(got) == pytest.approx([want[n] for n in names], abs=0.02)
+    assert want["a"] < 0.5 * want["c"]  # the alternate row that equals the query does not lift a
+
+
 def test_upsert_remove_and_vector_roundtrip():
     rng = np.random.default_rng(4)
     keys = _unit(rng, 3)
