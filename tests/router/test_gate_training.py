@@ -77,7 +77,9 @@ def test_slb_calibration_is_chosen_on_validation_and_in_force(tiny):
     assert slb["version"] == SLB_CALIBRATION_VERSION and slb["n_val"] == tiny["doc"]["n_val"]
     assert slb["lexical_weight"] in LEXICAL_GRID and isinstance(slb["alt_keys"], bool)
     assert slb["exemplar_weight"] in EXEMPLAR_GRID and slb["n_exemplars"] == tiny["doc"]["n_fit"]
-    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID) * len(EXEMPLAR_GRID)
+    # text keys: alternate key x lexical weight; exemplar keys: each weight with the description key alone
+    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID) + len(EXEMPLAR_GRID) - 1
+    assert slb["exemplar_weight"] == 0 or (slb["lexical_weight"], slb["alt_keys"]) == (0.0, False)
     chosen = setting_name(slb["alt_keys"], slb["lexical_weight"], slb["exemplar_weight"])
     assert slb["by_setting"][chosen] == slb["val_slb_top1"] == max(slb["by_setting"].values())
     # among settings of equal top-1 the best mean reciprocal rank wins
