@@ -125,10 +125,7 @@ class GateModel:
                 vecs = None
         if vecs is None:
             vecs = self.embed_queries([r["text"] for r in rows]) if rows else np.zeros((0, 1), np.float32)
-        out: dict[str, list[int]] = {}
-        for i, r in enumerate(rows):
-            out.setdefault(r["tool"], []).append(i)
-        return {t: np.asarray(vecs[i], np.float32) for t, i in out.items()}
+        return exemplar_groups([r["tool"] for r in rows], vecs)
 
     def embed_queries(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         with self._lock:
@@ -174,6 +171,14 @@ class GateModel:
                                            show_progress_bar=False, convert_to_numpy=True,
                                            activation_fn=torch.nn.Identity())
         return np.asarray(s, np.float32).reshape(-1)
+
+
+def exemplar_groups(tools_of: list[str] | tuple[str, ...], vecs: np.ndarray) -> dict[str, np.ndarray]:
+    """Exemplar keys per tool: the rows of ``vecs`` grouped by the tool each row's request routes to."""
+    rows: dict[str, list[int]] = {}
+    for i, t in enumerate(tools_of):
+        rows.setdefault(t, []).append(i)
+    return {t: np.asarray(vecs[r], np.float32) for t, r in rows.items()}
 
 
 def _single_query_path(model) -> tuple[Any, Any, int] | None:

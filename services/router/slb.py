@@ -6,11 +6,12 @@ have *exemplar keys*: embeddings of queries known to route to it. A tool's score
 
     text_sim + exemplar_weight * (best exemplar sim, or text_sim + exemplar_gap when the tool has no exemplar)
 
-so with ``exemplar_weight == 0`` it is plain cosine similarity. ``exemplar_gap`` (chosen on validation: the
+so with ``exemplar_weight == 0`` it is plain cosine similarity. ``exemplar_gap`` (measured on validation: the
 median of best exemplar sim - text sim for the right tool) stands in for the exemplars a tool registered after
-training does not have, so it is not ranked below tools with them for lacking one. The router takes the weight its gate model chose on validation
-(``slb.exemplar_weight``, training's ``calibrate_slb``): the fit and augment requests of every tool, ~4,900 rows
-over 338 tools, lift held-out top-1 by ~9 points (reports/routing_experiments.md §14). A tool may
+training does not have, so it is not ranked below tools with them for lacking one. The router takes the weight
+its gate model chose on validation (``slb.exemplar_weight``, training's ``calibrate_slb``): the fit and augment
+requests of every tool, ~4,900 rows over 338 tools, lift held-out top-1 at N = 250 from 78 to 89 %
+(reports/routing_experiments.md §14-15). A tool may
 have an *alternate key* (``set_alt_keys``: another text of the tool, services/router/keys.py); then its
 ``text_sim`` is the max over its two keys. ``search`` may add a per-tool ``bonus`` (the lexical score).
 

@@ -43,7 +43,14 @@ from services.common.embedder import tool_text
 from services.common.models import default_embedder_path, dir_fingerprint
 from services.common.tools import Tool
 from services.router.context import routing_text
-from services.router.gate import GATE_FORMAT, ce_tool_text, export_query_onnx, fuse, set_threads
+from services.router.gate import (
+    GATE_FORMAT,
+    ce_tool_text,
+    exemplar_groups,
+    export_query_onnx,
+    fuse,
+    set_threads,
+)
 from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
 from services.router.onnx_encoder import onnx_path
 from services.router.slb import SemanticIndex
@@ -350,14 +357,6 @@ def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[
     return ce, {"history": history, "best_epoch": best[1], **best[2]}
 
 
-def exemplar_groups(tools_of: Sequence[str], vecs: np.ndarray) -> dict[str, np.ndarray]:
-    """Exemplar keys per tool: the rows of ``vecs`` grouped by the tool each row's request routes to."""
-    rows: dict[str, list[int]] = {}
-    for i, t in enumerate(tools_of):
-        rows.setdefault(t, []).append(i)
-    return {t: np.asarray(vecs[r], np.float32) for t, r in rows.items()}
-
-
 def write_exemplars(out: Path, examples: Sequence[Example], vecs: np.ndarray) -> None:
     """``exemplars.jsonl`` (id, tool, text per row) and ``exemplars.npy`` (the rows' query-encoder vectors, float32),
     each replaced atomically."""
@@ -402,7 +401,7 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     indexes: dict[tuple[bool, float], SemanticIndex] = {}
     for use_alt in (False, True):
         for wx in ex_grid:
-            if wx and use_alt:
+            if wx and use_alt:  # exemplar keys go with the description key alone (see EXEMPLAR_GRID)
                 continue
             index = indexes[use_alt, wx] = SemanticIndex(keys.shape[1], exemplar_weight=wx)
             if wx:
@@ -421,8 +420,6 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     by_setting_mrr: dict[str, float] = {}
     best: tuple[float, float, bool, float, float] | None = None
     for (use_alt, wx), index in indexes.items():
-        if wx and use_alt:  # exemplar keys are searched with the plain key alone (see EXEMPLAR_GRID)
-            continue
         for w in LEXICAL_GRID if not wx else (0.0,):
             ranks = [_first_hit([n for n, _ in index.search(q, MRR_DEPTH, bonus=w * lx)], e.positives)
                      for q, lx, e in zip(qv, lex, val, strict=True)]
