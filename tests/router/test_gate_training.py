@@ -169,6 +169,14 @@ def test_exemplar_keys_are_stored_with_the_model_and_scored_at_the_chosen_weight
     want = {n: text[i] + 0.75 * best[n] for i, n in enumerate(names)}
     for n, s in d.candidates:
         assert s == pytest.approx(want[n], abs=0.02)
+    # a model whose stored vectors do not match its rows embeds the exemplars again (logged), same keys
+    stale = tiny["root"] / "stale-exemplars"
+    shutil.copytree(tiny["gate"], stale)
+    np.save(stale / "exemplars.npy", stored[:3])
+    again = GateModel(stale, threads=1).exemplar_keys()
+    assert again.keys() == keys.keys()
+    for n in keys:
+        np.testing.assert_allclose(again[n], keys[n], atol=1e-5)
     # the configured weight overrides the model's: 0 turns exemplar keys off
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(_with_tau(tiny, -1e9, exemplar_weight=0.75)),
                        native_scan=False, exemplar_weight=0.0)
