@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ class GateModel:
         return np.asarray(s, np.float32).reshape(-1)
 
 
-def exemplar_groups(tools_of: list[str] | tuple[str, ...], vecs: np.ndarray) -> dict[str, np.ndarray]:
+def exemplar_groups(tools_of: Sequence[str], vecs: np.ndarray) -> dict[str, np.ndarray]:
     """Exemplar keys per tool: the rows of ``vecs`` grouped by the tool each row's request routes to."""
     rows: dict[str, list[int]] = {}
     for i, t in enumerate(tools_of):
