@@ -1,6 +1,6 @@
 """Does a new batch of hand-written requests help routing? (issue 4: data/routing_augment batches)
 
-    nice -n 19 .venv/bin/python bench/routing_batch.py --fold 0 --new '*-b4.jsonl' \
+    nice -n 19 .venv/bin/python bench/routing_batch.py --fold 0 --new data/routing_calibration \
         --json reports/routing_batch4.json
 
 For one fold of the routing evaluation's 3-fold protocol (same folds, registries and seed as
@@ -38,13 +38,19 @@ AUGMENT = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
 ARMS = ("before", "before + new exemplars", "after")
 
 
-def split_batch(root: Path, pattern: str) -> tuple[list[Path], list[Path]]:
-    """The augment files of ``root`` without and with the new batch (``pattern``, a glob on the file name)."""
+def split_batch(root: Path, new: str) -> tuple[list[Path], list[Path]]:
+    """The augment files of ``root`` without and with the new batch: ``new`` is a directory of ``*.jsonl`` files
+    (added to ``root``'s) or a glob on the names of ``root``'s files (taken out of them for the first list)."""
     files = sorted(root.glob("*.jsonl"))
-    new = [f for f in files if fnmatch.fnmatch(f.name, pattern)]
-    if not new:
-        raise SystemExit(f"no file of {root} matches {pattern!r}: nothing to compare")
-    return [f for f in files if f not in new], files
+    if Path(new).is_dir():
+        added = sorted(Path(new).glob("*.jsonl"))
+        if not added:
+            raise SystemExit(f"{new} holds no *.jsonl file: nothing to compare")
+        return files, files + added
+    picked = [f for f in files if fnmatch.fnmatch(f.name, new)]
+    if not picked:
+        raise SystemExit(f"no file of {root} matches {new!r}: nothing to compare")
+    return [f for f in files if f not in picked], files
 
 
 def paired(base: list[dict], other: list[dict]) -> dict[str, int]:
@@ -89,7 +95,8 @@ def main() -> int:
     ap.add_argument("--queries", default=str(DATA / "queries" / "train.jsonl"))
     ap.add_argument("--tools", default=str(DATA / "mcp_tools"))
     ap.add_argument("--augment", default=str(AUGMENT))
-    ap.add_argument("--new", required=True, help="glob of the new batch's file names, e.g. '*-b4.jsonl'")
+    ap.add_argument("--new", required=True, help="the new batch: a directory of *.jsonl, or a glob of augment file "
+                    "names (e.g. '*-b4.jsonl')")
     ap.add_argument("--fold", type=int, default=0)
     ap.add_argument("--sizes", default="10,250,all")
     ap.add_argument("--models-root", default="var/models")
@@ -162,7 +169,7 @@ def main() -> int:
                       f"{100 * r['escalation_rate']:.1f} %, w {router.exemplar_weight}", flush=True)
     diffs = {arm: {s: paired(records["before"][s], records[arm][s]) for s in sizes}
              for arm in records if arm != "before" and "before" in records}
-    report = {"fold": a.fold, "n": len(idxs), "new": a.new, "new_files": [f.name for f in all_files
+    report = {"fold": a.fold, "n": len(idxs), "new": a.new, "new_files": [str(f) for f in all_files
                                                                           if f not in old_files],
               "sizes": sizes, "arms": out, "paired_vs_before": diffs, "seconds": round(time.time() - t0, 1),
               "protocol": "3-fold by tool line (assign_folds seed 0), registries_for seed 0; the fold's lines are "

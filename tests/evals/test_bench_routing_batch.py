@@ -24,6 +24,15 @@ def test_split_batch_separates_the_new_files(tmp_path):
     assert [f.name for f in every] == ["git-b2.jsonl", "git-b4.jsonl", "git.jsonl", "time-b4.jsonl"]
     with pytest.raises(SystemExit, match="nothing to compare"):
         rb.split_batch(tmp_path, "*-b9.jsonl")
+    # or a directory whose files are added to the augment files
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    (batch / "git-new.jsonl").write_text("")
+    old, every = rb.split_batch(tmp_path, str(batch))
+    assert len(old) == 4 and every == old + [batch / "git-new.jsonl"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="holds no"):
+        rb.split_batch(tmp_path, str(tmp_path / "empty"))
 
 
 def test_paired_counts_fixed_and_broken_by_line_id():
