@@ -80,10 +80,13 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
 models: var/models/gate/gate.json var/models/slots/slots.json  ## train the router's gate + the engine's slot reader (once per machine; cached)
 AUGMENT := $(wildcard data/routing_augment/*.jsonl)
-var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) services/router/training.py
+# held-out hand-written requests the SLB calibration reads beside the validation lines (never trained on):
+# a change recalibrates the cached model in place (~2 min), it does not retrain it
+CALIBRATION := $(wildcard data/routing_calibration/*.jsonl)
+var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) $(CALIBRATION) services/router/training.py
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
-		--out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
+		--calibration data/routing_calibration --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
 	ln -sfn $(MODEL_CACHE)/gate var/models/gate
 	touch $@
 

@@ -37,6 +37,20 @@ def _default_augment() -> str:
     return str(d) if d.is_dir() else ""
 
 
+def _default_calibration() -> str:
+    from pathlib import Path
+
+    d = Path(__file__).resolve().parents[2] / "data" / "routing_calibration"
+    return str(d) if d.is_dir() else ""
+
+
+def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", default=_default_calibration(),
+                   help="held-out calibration lines (never trained on), a JSONL file or a directory of them: they "
+                        "join the validation lines of the SLB calibration (default: data/routing_calibration of "
+                        "this checkout; '' = validation lines only)")
+
+
 def _add_hp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="split/shuffle/init seed (training is deterministic for it)")
     p.add_argument("--q-epochs", dest="q_epochs", type=int, help="query-encoder epochs (default 3)")
@@ -73,6 +87,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                    help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_calibration_arg(p)
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -83,7 +98,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                        holdout_server=args.holdout_server, concat_limit=args.concat_limit,
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
-                       concat_from=args.concat_from, augment=args.augment)
+                       concat_from=args.concat_from, augment=args.augment, calibration=args.calibration)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],
@@ -106,6 +121,7 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
                    help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_calibration_arg(p)
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -123,7 +139,8 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
         registry = load_registry(args.tools)
         t0 = time.time()
         doc = train_gate(lines, registry.tools, args.out, _hp_from_args(args), equivalents=equivalents,
-                         progress=not args.quiet, force=args.force, extra=load_augment(args.augment))
+                         progress=not args.quiet, force=args.force, extra=load_augment(args.augment),
+                         calibration=load_augment(args.calibration))
         keys = ("tau", "alpha", "ce_top_k", "n_fit", "n_fit_extra", "n_val", "val_gated_accuracy", "val_escalation_rate",
                 "train_seconds", "data_hash")
         print(json.dumps({k: doc.get(k) for k in keys} | {"out": args.out, "seconds": round(time.time() - t0)},

@@ -298,7 +298,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
-             augment: str = "") -> dict[str, Any]:
+             augment: str = "", calibration: str = "") -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
 
     prepare_training_env()
@@ -320,9 +320,15 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     regs = registries_for(lines, size_list, registry, seed)
 
     extra = [ln for ln in load_augment(augment) if ln.tool in known]
-    fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress, extra=extra)
+    calib = [ln for ln in load_augment(calibration) if ln.tool in known]
+    clash = {ln.id for ln in calib} & ({ln.id for ln in lines} | {ln.id for ln in extra})
+    if clash:
+        raise ValueError(f"{len(clash)} calibration line ids are also query or augment ids (e.g. {min(clash)})")
+    fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress, extra=extra,
+                            calibration=calib)
     servers = registry.servers()
-    hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress, extra=extra) \
+    hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress, extra=extra,
+                             calibration=calib) \
         if holdout_server and holdout_server in servers else None
 
     embedder = Embedder("")
@@ -387,6 +393,10 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             "augment": {"source": str(augment), "n_lines": len(extra),
                         "use": "fit split of every gate model only (never validation or evaluation); the held-out "
                                "server's model is trained without that server's augment lines"},
+            "calibration": {"source": str(calibration), "n_lines": len(calib),
+                            "use": "never trained on and never an exemplar key: joins each model's validation lines "
+                                   "for the SLB calibration (exemplar weight, gap, tau, alpha); the held-out server's "
+                                   "model is calibrated without that server's lines"},
         },
         "sizes": report_sizes,
         "folds": fold_meta,

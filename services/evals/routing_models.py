@@ -42,28 +42,36 @@ def load_augment(path: str | Path) -> list[QueryLine]:
 
 
 def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperParams, models_root: str,
-                 progress: bool = True, label: str = "", extra: Sequence[QueryLine] = ()) -> Path:
+                 progress: bool = True, label: str = "", extra: Sequence[QueryLine] = (),
+                 calibration: Sequence[QueryLine] = ()) -> Path:
+    """The gate model of ``lines`` + ``extra`` under ``models_root`` (trained once per data hash), calibrated on
+    its validation lines + ``calibration`` (a cached model is recalibrated in place when that set changed)."""
     out = default_gate_dir(lines, registry.tools, hp, root=models_root, equivalents=equivalents, extra=extra)
     if label:
         log.info("gate model for %s: %s", label, out)
-    train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress, extra=extra)
+    train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress, extra=extra,
+               calibration=calibration)
     return out
 
 
 def fold_models(lines: Sequence[QueryLine], folds: Sequence[int], k: int, registry: Registry,
                 hp: GateHyperParams, models_root: str, progress: bool = True,
-                extra: Sequence[QueryLine] = ()) -> list[Path]:
+                extra: Sequence[QueryLine] = (), calibration: Sequence[QueryLine] = ()) -> list[Path]:
     out = []
     for f in range(k):
         train = [ln for ln, g in zip(lines, folds, strict=True) if g != f]
-        out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}", extra=extra))
+        out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}", extra=extra,
+                                calibration=calibration))
     return out
 
 
 def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, hp: GateHyperParams,
-                  models_root: str, progress: bool = True, extra: Sequence[QueryLine] = ()) -> Path:
-    """Trained without any line of ``server`` (its augment lines included): tools the router never saw."""
+                  models_root: str, progress: bool = True, extra: Sequence[QueryLine] = (),
+                  calibration: Sequence[QueryLine] = ()) -> Path:
+    """Trained and calibrated without any line of ``server`` (its augment and calibration lines included): tools
+    the router never saw."""
     train = [ln for ln in lines if registry.server_of.get(ln.tool) != server]
     extra = [ln for ln in extra if registry.server_of.get(ln.tool) != server]
+    calibration = [ln for ln in calibration if registry.server_of.get(ln.tool) != server]
     return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}",
-                        extra=extra)
+                        extra=extra, calibration=calibration)

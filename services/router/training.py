@@ -63,8 +63,9 @@ TRAINING_VERSION = "gate-train-v1"
 # v2: the cross-encoder must gain CE_MIN_GAIN on validation; v3: exemplar keys (the fit + augment requests) and
 # their weight (EXEMPLAR_GRID), written with the model as exemplars.jsonl + exemplars.npy; v4: ties of validation
 # top-1 broken by mean reciprocal rank, and the exemplar gap of tools registered after training; v5: exemplar keys
-# with the description key only (no alternate key, no lexical addend)
-SLB_CALIBRATION_VERSION = "slb-cal-v5"
+# with the description key only (no alternate key, no lexical addend); v6: the calibration lines (held-out
+# hand-written requests, ``data/routing_calibration``) join the validation lines for every calibrated choice
+SLB_CALIBRATION_VERSION = "slb-cal-v6"
 # The cross-encoder is switched on (alpha > 0) only when its best fused re-rank beats alpha = 0 by this much
 # validation accuracy: an escalation costs ~55 ms on this VM (gRPC p99 30.7 -> 95 ms at 16 % escalated), and the
 # production model of session 5 chose alpha 0.05 for +1.4 points (2 of 144 lines) that no fold reproduced.
@@ -370,17 +371,28 @@ def write_exemplars(out: Path, examples: Sequence[Example], vecs: np.ndarray) ->
     os.replace(out / ".exemplars.npy.tmp", out / "exemplars.npy")
 
 
+def calibration_hash(calibration: Sequence[Example]) -> str:
+    """Fingerprint of a calibration set (ids, labels, texts; order-free): a cached model calibrated on another set
+    is calibrated again in place. ``""`` for none."""
+    if not calibration:
+        return ""
+    rows = sorted((e.id, e.tool, e.text) for e in calibration)
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
 def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams,
                   keys: np.ndarray | None = None, exemplars: Sequence[Example] = (),
-                  exemplar_vecs: np.ndarray | None = None) -> dict[str, Any]:
-    """Choose the SLB scoring on the validation split: the description key plus ``w`` times the best exemplar
+                  exemplar_vecs: np.ndarray | None = None, calibration: Sequence[Example] = ()) -> dict[str, Any]:
+    """Choose the SLB scoring on the validation split (plus the ``calibration`` lines: requests the model never
+    trained on and never keys on, e.g. ``data/routing_calibration``): the description key plus ``w`` times the best exemplar
     key (``exemplars``: requests that route to the tool, never a validation line; their query-encoder vectors
     ``exemplar_vecs``), ``w`` in ``EXEMPLAR_GRID``; or, at ``w = 0``, the description key alone or the max with the
     alternate key (``keys.alt_tool_text``), plus ``l`` times the lexical score, ``l`` in ``LEXICAL_GRID``. Best val
     top-1 over the whole registry; ties go to the better mean reciprocal rank, then to the simpler setting. With
     exemplars, the gap that stands in for a new tool's missing ones is measured too (``exemplar_gap``). Then tau
     (margin percentile) and the cross-encoder weight alpha are re-chosen under that scoring, as ``train_gate``
-    does."""
+    does. Every choice is made on the validation and calibration lines together (``cal``); ~100 validation lines
+    alone chose noisy weights (reports/routing_experiments.md §15-16)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -396,6 +408,12 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     val_ids = {e.id for e in val}
     if any(e.id in val_ids for e in exemplars):
         raise ValueError("a validation line is among the exemplar keys: the exemplar weight would be chosen in-sample")
+    ex_ids = {e.id for e in exemplars}
+    clash = sorted(e.id for e in calibration if e.id in ex_ids or e.id in val_ids)
+    if clash:
+        raise ValueError(f"calibration lines must be held out of training and validation; {len(clash)} are not "
+                         f"(e.g. {clash[0]})")
+    cal = [*val, *calibration]
     ex_keys = exemplar_groups([e.tool for e in exemplars], exemplar_vecs)
     ex_grid = EXEMPLAR_GRID if ex_keys else (0.0,)
     indexes: dict[tuple[bool, float], SemanticIndex] = {}
@@ -410,19 +428,20 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
                 index.set_alt_keys({n: alt[i] for i, n in enumerate(names)})
             index.replace_all({n: keys[i] for i, n in enumerate(names)})
     lexical = LexicalIndex.of_tools([by_name[n] for n in names])
-    counts = {"n_exemplars": len(exemplars), "n_exemplar_tools": len(ex_keys)}
-    if not val:
+    counts = {"n_exemplars": len(exemplars), "n_exemplar_tools": len(ex_keys), "n_val": len(val),
+              "n_calibration": len(calibration), "calibration_hash": calibration_hash(calibration)}
+    if not cal:
         return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": False,
-                "lexical_weight": 0.0, "exemplar_weight": 0.0, "n_val": 0, **counts}
-    qv = _encode_eval(qenc, [e.text for e in val])
-    lex = [lexical.scores(query_part(e.text)) for e in val]
+                "lexical_weight": 0.0, "exemplar_weight": 0.0, **counts}
+    qv = _encode_eval(qenc, [e.text for e in cal])
+    lex = [lexical.scores(query_part(e.text)) for e in cal]
     by_setting: dict[str, float] = {}
     by_setting_mrr: dict[str, float] = {}
     best: tuple[float, float, bool, float, float] | None = None
     for (use_alt, wx), index in indexes.items():
         for w in LEXICAL_GRID if not wx else (0.0,):
             ranks = [_first_hit([n for n, _ in index.search(q, MRR_DEPTH, bonus=w * lx)], e.positives)
-                     for q, lx, e in zip(qv, lex, val, strict=True)]
+                     for q, lx, e in zip(qv, lex, cal, strict=True)]
             acc = float(np.mean([r == 1 for r in ranks]))
             mrr = float(np.mean([1.0 / r if r else 0.0 for r in ranks]))
             by_setting[setting_name(use_alt, w, wx)] = acc
@@ -432,7 +451,7 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
                 best = (acc, mrr, use_alt, w, wx)
     assert best is not None
     _, _, use_alt, w, wx = best
-    gap = exemplar_gap(qv, val, keys, alt if use_alt else None, names, ex_keys) if wx else 0.0
+    gap = exemplar_gap(qv, cal, keys, alt if use_alt else None, names, ex_keys) if wx else 0.0
     index = SemanticIndex(keys.shape[1], exemplar_weight=wx, exemplar_gap=gap)
     if wx:
         index.set_exemplars(ex_keys)
@@ -446,29 +465,31 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     with torch.inference_mode():
         logits = [ce.predict([(e.text, ce_texts[n]) for n, _ in c[: hp.ce_top_k]], show_progress_bar=False,
                              activation_fn=torch.nn.Identity(), convert_to_numpy=True)
-                  for e, c in zip(val, cands, strict=True)]
+                  for e, c in zip(cal, cands, strict=True)]
     by_alpha = {}
     for a in hp.alpha_grid:
         ok = 0
-        for e, c, lg in zip(val, cands, logits, strict=True):
+        for e, c, lg in zip(cal, cands, logits, strict=True):
             top = c[: hp.ce_top_k]
             ok += top[int(np.argmax(fuse(np.array([s for _, s in top]), lg, a)))][0] in e.positives
-        by_alpha[str(a)] = ok / len(val)
+        by_alpha[str(a)] = ok / len(cal)
     alpha = choose_alpha(by_alpha, hp.alpha_grid)
     gated_ok = escalated = 0
-    for e, c, lg in zip(val, cands, logits, strict=True):
+    for e, c, lg in zip(cal, cands, logits, strict=True):
         pick = c[0][0]
         if len(c) > 1 and c[0][1] - c[1][1] < tau and alpha > 0:
             escalated += 1
             top = c[: hp.ce_top_k]
             pick = top[int(np.argmax(fuse(np.array([s for _, s in top]), lg, alpha)))][0]
         gated_ok += pick in e.positives
+    # the chosen scoring's top-1 on the real validation lines alone (the first len(val) of cal), for comparison
+    real_top1 = float(np.mean([c[0][0] in e.positives for e, c in zip(val, cands, strict=False)])) if val else None
     return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": bool(use_alt),
             "lexical_weight": float(w), "exemplar_weight": float(wx), "exemplar_gap": gap, **counts,
-            "n_val": len(val), "val_slb_top1": best[0], "val_slb_mrr": best[1], "by_setting": by_setting,
-            "by_setting_mrr": by_setting_mrr,
+            "val_slb_top1": best[0], "val_slb_mrr": best[1], "val_slb_top1_real_lines": real_top1,
+            "by_setting": by_setting, "by_setting_mrr": by_setting_mrr,
             "tau": tau, "alpha": float(alpha), "by_alpha": by_alpha, "ce_min_gain": CE_MIN_GAIN,
-            "val_gated_accuracy": gated_ok / len(val), "val_escalation_rate": escalated / len(val)}
+            "val_gated_accuracy": gated_ok / len(cal), "val_escalation_rate": escalated / len(cal)}
 
 
 def _first_hit(ranked: Sequence[str], positives: frozenset[str]) -> int:
@@ -514,7 +535,7 @@ def _apply_calibration(doc: dict[str, Any], cal: dict[str, Any]) -> dict[str, An
     before = doc.get("slb", {}).get("before") or {k: doc[k] for k in ("tau", "alpha", "val_gated_accuracy",
                                                                      "val_escalation_rate")}
     doc["slb"] = {**cal, "before": before}
-    if cal.get("n_val"):
+    if cal.get("n_val") or cal.get("n_calibration"):
         doc.update(tau=cal["tau"], alpha=cal["alpha"], val_gated_accuracy=cal["val_gated_accuracy"],
                    val_escalation_rate=cal["val_escalation_rate"])
     return doc
@@ -526,7 +547,8 @@ def exemplar_examples(fit: Sequence[Example], extra: Sequence[Example]) -> list[
 
 
 def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Example], tools: Sequence[Tool],
-                        hp: GateHyperParams, extra: Sequence[Example] = ()) -> dict[str, Any]:
+                        hp: GateHyperParams, extra: Sequence[Example] = (),
+                        calibration: Sequence[Example] = ()) -> dict[str, Any]:
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     val_ids = set(doc.get("val_ids") or [])
@@ -536,7 +558,8 @@ def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Examp
     _seed_all(hp.seed)
     exemplars = exemplar_examples([e for e in examples if e.id not in val_ids], extra)
     ex_vecs = _encode_eval(qenc, [e.text for e in exemplars])
-    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, exemplars=exemplars, exemplar_vecs=ex_vecs))
+    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, exemplars=exemplars, exemplar_vecs=ex_vecs,
+                                                calibration=calibration))
     write_exemplars(out, exemplars, ex_vecs)
     tmp = out / ".gate.json.tmp"
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
@@ -549,11 +572,14 @@ def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Examp
 
 def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp: GateHyperParams = GateHyperParams(),
                equivalents: Callable[[str], frozenset[str]] | None = None, progress: bool = True,
-               force: bool = False, extra: Sequence[Any] = ()) -> dict[str, Any]:
+               force: bool = False, extra: Sequence[Any] = (), calibration: Sequence[Any] = ()) -> dict[str, Any]:
     """Train a gate model on ``lines`` over the registry ``tools`` and write it to ``out`` (atomically).
     ``extra`` lines (e.g. ``data/routing_augment``) join the query encoder's fit split only: the
-    cross-encoder, validation, tau and every calibrated weight stay on real ``lines``. Skips training (returns the existing gate.json) when ``out``
-    already holds a model of the same data hash, unless ``force``."""
+    cross-encoder, validation, tau and every calibrated weight stay on real ``lines``. ``calibration`` lines
+    (e.g. ``data/routing_calibration``) are never trained on: they join the validation lines of the SLB
+    calibration (``calibrate_slb``), outside the data hash. Skips training (returns the existing gate.json) when
+    ``out`` already holds a model of the same data hash, unless ``force``; a cached model whose calibration is of
+    another version or calibration set is calibrated again in place."""
     from sentence_transformers import SentenceTransformer
 
     if equivalents is None:
@@ -569,6 +595,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     if not examples:
         raise ValueError("no training line routes to a tool of the registry")
     extra_examples = make_examples(extra, set(names), equivalents, hp.max_turns)
+    calib_examples = make_examples(calibration, set(names), equivalents, hp.max_turns)
     base_fp = dir_fingerprint(default_embedder_path())
     digest = data_hash(examples, tools, hp, base_fp, extra_examples)
     existing = out / "gate.json"
@@ -576,8 +603,10 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         doc = json.loads(existing.read_text())
         if doc.get("data_hash") == digest and (out / "query_encoder").is_dir() and (out / "cross_encoder").is_dir():
             log.info("gate model %s is up to date (hash %s); skipping training", out, digest[:12])
-            if doc.get("slb", {}).get("version") != SLB_CALIBRATION_VERSION:
-                doc = _calibrate_existing(out, doc, examples, tools, hp, extra_examples)
+            slb = doc.get("slb", {})
+            if (slb.get("version") != SLB_CALIBRATION_VERSION
+                    or slb.get("calibration_hash", "") != calibration_hash(calib_examples)):
+                doc = _calibrate_existing(out, doc, examples, tools, hp, extra_examples, calib_examples)
             if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
                 export_query_onnx(out / "query_encoder")
             return doc
@@ -648,7 +677,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     }
     exemplars = exemplar_examples(fit_real, extra_examples)
     ex_vecs = _encode_eval(qenc, [e.text for e in exemplars])
-    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, keys, exemplars, ex_vecs))
+    doc = _apply_calibration(doc, calibrate_slb(qenc, ce, val, tools, hp, keys, exemplars, ex_vecs, calib_examples))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

@@ -47,3 +47,21 @@ def test_checker_reports_bad_lines(tmp_path):
     f.write_text(json.dumps(good) + "\n")
     assert main([str(f), "--tools", str(TOOLS)]) == 0
     assert main([str(f), "--tools", str(TOOLS), "--per-tool", "1"]) == 1  # convert_time has no line
+
+
+def test_committed_calibration_lines_validate_and_are_never_training_lines():
+    """data/routing_calibration (batch 4): 4 lines per tool, schema-valid, ids d-..., and no id or request shared
+    with the training lines of data/routing_augment (the SLB calibration refuses in-sample lines)."""
+    registry = load_registry(TOOLS)
+    files = sorted((ROOT / "data" / "routing_calibration").glob("*.jsonl"))
+    errors, uncopied, per = check_lines(files, registry, per_tool=4)
+    assert errors == [] and sum(per.values()) == 4 * sum(len(t) for t in registry.values())
+    assert len(uncopied) < 0.1 * sum(per.values())  # 24 of 1,352 lines when written
+    rows = [json.loads(x) for f in files for x in f.read_text().splitlines()]
+    assert all(r["id"].startswith("d-") for r in rows)
+    train = [json.loads(x) for f in (ROOT / "data" / "routing_augment").glob("*.jsonl") for x in f.read_text().splitlines()]
+    assert not {r["id"] for r in rows} & {r["id"] for r in train}
+    def request(r):  # the whole request: a short follow-up ("Now the other one.") differs by its history
+        return r["query"].strip().lower(), json.dumps(r["history"]).lower()
+
+    assert not {request(r) for r in rows} & {request(r) for r in train}

@@ -26,3 +26,13 @@ def test_train_gate_defaults_to_the_router_config_path():
 
     a = _parser().parse_args(["train-gate", "--queries", "q", "--tools", "t"])
     assert a.out == RouterConfig().gate_model_dir and not a.force and _hp_from_args(a).seed == 0
+
+
+def test_both_commands_default_to_the_committed_calibration_lines():
+    from pathlib import Path
+
+    committed = str(Path(__file__).resolve().parents[2] / "data" / "routing_calibration")
+    for argv in (["train-gate", "--queries", "q", "--tools", "t"],
+                 ["eval", "routing", "--queries", "q", "--tools", "t", "--json", "o.json"]):
+        assert _parser().parse_args(argv).calibration == committed
+        assert _parser().parse_args([*argv, "--calibration", ""]).calibration == ""

@@ -20,6 +20,8 @@ from services.router.training import (
     LEXICAL_GRID,
     SLB_CALIBRATION_VERSION,
     GateHyperParams,
+    calibration_hash,
+    make_examples,
     setting_name,
     train_gate,
 )
@@ -251,6 +253,50 @@ def test_augment_lines_join_the_fit_split_only(tiny):
     assert len(ids) == doc["n_fit"] == doc["slb"]["n_exemplars"] and not set(ids) & set(doc["val_ids"])
     assert sum(i.startswith(("a-", "b-", "c-")) for i in ids) == len(extra)
     assert np.load(out / "exemplars.npy").shape == (len(ids), 384)
+
+
+def _calibration_lines():
+    from pathlib import Path
+
+    from services.evals.routing_models import load_augment
+
+    return [ln for ln in load_augment(Path(__file__).resolve().parents[2] / "data" / "routing_calibration")
+            if ln.server in SERVERS]
+
+
+def test_calibration_lines_join_validation_and_recalibrate_a_cached_model_in_place(tiny):
+    calib = _calibration_lines()
+    assert len(calib) == 4 * len(tiny["tools"])  # the committed batch: 4 requests per tool
+    dst = tiny["root"] / "calibrated"
+    shutil.copytree(tiny["gate"], dst)
+    doc = train_gate(tiny["lines"], tiny["tools"], dst, HP, equivalents=equivalents, progress=False,
+                     calibration=calib)
+    assert _weights_digest(dst) == _weights_digest(tiny["gate"])  # calibrated again, not retrained
+    slb = doc["slb"]
+    assert (slb["n_val"], slb["n_calibration"]) == (tiny["doc"]["n_val"], len(calib))
+    assert slb["calibration_hash"] == calibration_hash(make_examples(calib, {t.name for t in tiny["tools"]},
+                                                                     equivalents))
+    assert tiny["doc"]["slb"]["calibration_hash"] == "" and tiny["doc"]["slb"]["n_calibration"] == 0
+    # every choice is scored over validation + calibration lines (fractions of their sum), the real lines apart
+    n = slb["n_val"] + slb["n_calibration"]
+    assert all(abs(v * n - round(v * n)) < 1e-6 for v in slb["by_setting"].values())
+    assert slb["val_slb_top1_real_lines"] is not None and 0 <= slb["val_slb_top1_real_lines"] <= 1
+    assert abs(doc["val_escalation_rate"] * n - round(doc["val_escalation_rate"] * n)) < 1e-6
+    # the same set again: kept as is; no calibration set: back to the validation-only calibration
+    mtime = (dst / "gate.json").stat().st_mtime_ns
+    train_gate(tiny["lines"], tiny["tools"], dst, HP, equivalents=equivalents, progress=False, calibration=calib)
+    assert (dst / "gate.json").stat().st_mtime_ns == mtime
+    back = train_gate(tiny["lines"], tiny["tools"], dst, HP, equivalents=equivalents, progress=False)
+    assert back["slb"] == tiny["doc"]["slb"]
+
+
+def test_calibration_lines_must_be_held_out_of_training(tiny):
+    dst = tiny["root"] / "calibrated-in-sample"
+    shutil.copytree(tiny["gate"], dst)
+    fit_line = next(ln for ln in tiny["lines"] if ln.id not in set(tiny["doc"]["val_ids"]))
+    with pytest.raises(ValueError, match="held out of training and validation"):
+        train_gate(tiny["lines"], tiny["tools"], dst, HP, equivalents=equivalents, progress=False,
+                   calibration=[fit_line])
 
 
 def test_single_query_fast_path_gives_the_encode_vector(tiny):

@@ -1,0 +1,200 @@
+"""Which lines should choose the SLB's exemplar weight? Validation only vs validation + data/routing_calibration.
+
+    nice -n 19 .venv/bin/python bench/routing_calibration.py --folds 0,1 --json reports/routing_calibration.json
+
+For each fold of the routing evaluation's 3-fold protocol (same folds, registries and seed as ``nexus eval
+routing``), the fold's cached gate model (``train_cached``: the other folds' lines + data/routing_augment; trained
+if missing) is calibrated again, in a copy, under each arm, and routes the fold's held-out lines with the router's
+own decision rule:
+
+* ``validation``: the model's ~100 validation lines choose (the calibration of reports/routing.json);
+* ``validation + calibration``: the held-out calibration lines (1,352, never trained on) join them;
+* ``... (w grid to 5)``: the same with ``EXEMPLAR_GRID`` extended past 1.5 (two folds chose its edge).
+
+Written: the chosen weight, gap and tau per fold and arm, the calibration lines' top-1 at each weight, held-out
+top-1 per size (per fold and pooled, Wilson CI), the paired difference against ``validation``, and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.evals.routing_models import prepare_training_env  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+WIDE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
+ARMS = {  # name -> (use the calibration lines, exemplar grid or None for the product's)
+    "validation": (False, None),
+    "validation + calibration": (True, None),
+    "validation (w grid to 5)": (False, WIDE_GRID),
+    "validation + calibration (w grid to 5)": (True, WIDE_GRID),
+}
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = list(report["pooled"])
+    sizes = list(report["pooled"][arms[0]])
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        rows = [report["pooled"][arm][s] for s in sizes]
+        accs = [100 * r["accuracy"] for r in rows]
+        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
+               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
+        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(sizes))]
+        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
+        for x, a in zip(xs, accs, strict=True):
+            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(sizes)), [f"N = {s}" for s in sizes])
+    ax.set_ylabel("held-out top-1 (%), Wilson 95 % CI")
+    lo = min(100 * report["pooled"][a][s]["ci95"][0] for a in arms for s in sizes)
+    ax.set_ylim(max(0, lo - 5), 100)
+    ax.set_title(f"Exemplar weight chosen on which lines? folds {report['folds']}, {report['n']} held-out lines")
+    ax.legend(loc="lower left", fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--queries", default=str(DATA / "queries" / "train.jsonl"))
+    ap.add_argument("--tools", default=str(DATA / "mcp_tools"))
+    ap.add_argument("--augment", default=str(ROOT / "data" / "routing_augment"))
+    ap.add_argument("--calibration", default=str(ROOT / "data" / "routing_calibration"))
+    ap.add_argument("--folds", default="0,1,2")
+    ap.add_argument("--sizes", default="10,250,all")
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all)")
+    ap.add_argument("--models-root", default="var/models")
+    ap.add_argument("--json", default="reports/routing_calibration.json")
+    ap.add_argument("--reuse", action="append", default=[], help="an earlier report of this script (repeatable): "
+                    "its folds are taken as they are (same arms), only the other folds run")
+    a = ap.parse_args()
+
+    prepare_training_env()
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.data import assign_folds, equivalents, load_queries, load_registry, parse_sizes
+    from services.evals.routing import _open_router, _size_n, registries_for, route_lines, summarize
+    from services.evals.routing_models import load_augment, train_cached
+    from services.evals.stats import wilson
+    from services.router import training
+    from services.router.training import GateHyperParams, _calibrate_existing, make_examples
+
+    t0 = time.time()
+    registry = load_registry(a.tools)
+    names = set(registry.names)
+    lines = [ln for ln in load_queries(a.queries) if ln.tool in names]
+    sizes = parse_sizes(a.sizes)
+    fold_of = assign_folds(lines, 3, 0)
+    regs = registries_for(lines, sizes, registry, 0)
+    extra = [ln for ln in load_augment(a.augment) if ln.tool in names]
+    calib = [ln for ln in load_augment(a.calibration) if ln.tool in names]
+    folds = [int(f) for f in a.folds.split(",")]
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        raise SystemExit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
+    hp = GateHyperParams(seed=0)
+    product_grid = training.EXEMPLAR_GRID
+    per_fold: dict[str, dict] = {}
+    for path in a.reuse:
+        old = json.loads(Path(path).read_text())
+        if old["arms"] != arms:
+            raise SystemExit(f"{path} has arms {old['arms']}, not {arms}")
+        per_fold |= {f: v for f, v in old["per_fold"].items() if int(f) in folds}
+    embedder = Embedder("")
+    with tempfile.TemporaryDirectory(prefix="nexus-calibration-") as tmp:
+        store = LocalStore(Path(tmp) / "store")
+        store.registry_put(list(registry.tools))
+        for f in folds:
+            if str(f) in per_fold:
+                print(f"fold {f}: reused from {', '.join(a.reuse)}", flush=True)
+                continue
+            train = [ln for ln, g in zip(lines, fold_of, strict=True) if g != f]
+            idxs = [i for i, g in enumerate(fold_of) if g == f]
+            gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {f}", extra=extra)
+            examples = make_examples(train, names, equivalents, hp.max_turns)
+            extra_ex = make_examples(extra, names, equivalents, hp.max_turns)
+            per_fold[str(f)] = {"model": gdir.name, "n": len(idxs), "arms": {}}
+            for arm in arms:
+                use_cal, grid = ARMS[arm]
+                copy = Path(tmp) / f"fold{f}-{len(per_fold[str(f)]['arms'])}"
+                shutil.copytree(gdir, copy)
+                training.EXEMPLAR_GRID = grid or product_grid
+                try:
+                    doc = _calibrate_existing(copy, json.loads((copy / "gate.json").read_text()), examples,
+                                              registry.tools, hp, extra_ex,
+                                              make_examples(calib, names, equivalents, hp.max_turns) if use_cal else ())
+                finally:
+                    training.EXEMPLAR_GRID = product_grid
+                router = _open_router(store, embedder, copy)
+                recs = route_lines(router, lines, regs, idxs)
+                slb = doc["slb"]
+                row = {"exemplar_weight": slb["exemplar_weight"], "exemplar_gap": slb["exemplar_gap"], "tau": slb["tau"],
+                       "alpha": slb["alpha"], "n_val": slb["n_val"], "n_calibration": slb["n_calibration"],
+                       "chosen_on_top1": slb["val_slb_top1"], "real_validation_top1": slb["val_slb_top1_real_lines"],
+                       "top1_by_weight": {k.split("+ex")[1]: v for k, v in slb["by_setting"].items()
+                                          if k.startswith("desc+0.0+")},
+                       "sizes": {}}
+                for s in sizes:
+                    rs = sorted(recs[s], key=lambda r: r["i"])
+                    row["sizes"][s] = summarize(rs, _size_n(s, registry))
+                    row["sizes"][s]["lines"] = [[r["id"], bool(r["correct"])] for r in rs]
+                    print(f"fold {f} {arm:40s} w {slb['exemplar_weight']:<4} N={s:>4}: top-1 "
+                          f"{100 * row['sizes'][s]['accuracy']:.1f} %", flush=True)
+                per_fold[str(f)]["arms"][arm] = row
+                shutil.rmtree(copy, ignore_errors=True)
+    def pooled_lines(arm: str, s: str) -> dict[str, bool]:
+        return {i: ok for v in per_fold.values() for i, ok in v["arms"][arm]["sizes"][s]["lines"]}
+
+    pooled = {}
+    for arm in arms:
+        pooled[arm] = {}
+        for s in sizes:
+            got = pooled_lines(arm, s)
+            ok = sum(got.values())
+            pooled[arm][str(_size_n(s, registry))] = {"n": len(got), "accuracy": ok / len(got),
+                                                      "ci95": list(wilson(ok, len(got)))}
+    paired = {}
+    if "validation" in arms:
+        for arm in arms:
+            if arm == "validation":
+                continue
+            paired[arm] = {}
+            for s in sizes:
+                base, got = pooled_lines("validation", s), pooled_lines(arm, s)
+                paired[arm][str(_size_n(s, registry))] = {
+                    "fixed": sum(1 for i, ok in got.items() if ok and not base[i]),
+                    "broken": sum(1 for i, ok in got.items() if not ok and base[i])}
+    report = {"folds": sorted(int(f) for f in per_fold), "n": sum(v["n"] for v in per_fold.values()), "arms": arms,
+              "calibration": {"source": a.calibration, "n_lines": len(calib)}, "per_fold": per_fold,
+              "pooled": pooled, "paired_vs_validation": paired, "seconds": round(time.time() - t0, 1),
+              "protocol": "the evaluation's folds and registries (seed 0); each arm recalibrates a copy of the "
+                          "fold's cached model (no training); held-out lines are never trained or calibrated on"}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(report, indent=2))
+    plot(report, str(Path(a.json).with_suffix(".png")))
+    print(json.dumps({arm: {s: round(100 * v["accuracy"], 1) for s, v in p.items()} for arm, p in pooled.items()},
+                     indent=1))
+    print(json.dumps(paired, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

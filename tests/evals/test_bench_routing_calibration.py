@@ -1,0 +1,28 @@
+"""bench/routing_calibration.py's arms and plot (the arms recalibrate cached fold models: the bench's run)."""
+
+import importlib.util
+
+from tests.conftest import REPO
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("routing_calibration", REPO / "bench" / "routing_calibration.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_arms_compare_the_calibration_lines_and_the_wider_grid_against_validation_only():
+    from services.router.training import EXEMPLAR_GRID
+
+    rc = _bench()
+    assert rc.ARMS["validation"] == (False, None) and rc.ARMS["validation + calibration"] == (True, None)
+    assert set(EXEMPLAR_GRID) < set(rc.WIDE_GRID) and max(rc.WIDE_GRID) > max(EXEMPLAR_GRID)
+
+
+def test_plot_writes_a_png(tmp_path):
+    rc = _bench()
+    size = {"accuracy": 0.9, "ci95": [0.87, 0.92]}
+    report = {"folds": [0, 1], "n": 640, "pooled": {arm: {"250": size, "10": size} for arm in rc.ARMS}}
+    rc.plot(report, str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
