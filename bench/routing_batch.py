@@ -108,23 +108,19 @@ def main() -> int:
     prepare_training_env()
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import assign_folds, equivalents, load_queries, load_registry, parse_sizes
-    from services.evals.routing import _open_router, _size_n, registries_for, route_lines, summarize
+    from services.evals.data import equivalents, load_queries
+    from services.evals.routing import _open_router, _size_n, load_protocol, route_lines, summarize
     from services.evals.routing_models import train_cached
     from services.router.training import GateHyperParams, _calibrate_existing, make_examples
 
     t0 = time.time()
-    registry = load_registry(a.tools)
+    proto = load_protocol(a.queries, a.tools, a.sizes)
+    registry, lines, sizes, regs = proto.registry, proto.lines, proto.sizes, proto.regs
     names = set(registry.names)
-    lines = [ln for ln in load_queries(a.queries) if ln.tool in names]
-    sizes = parse_sizes(a.sizes)
-    fold_of = assign_folds(lines, 3, 0)
-    regs = registries_for(lines, sizes, registry, 0)
     old_files, all_files = split_batch(Path(a.augment), a.new)
     extra_old = [ln for f in old_files for ln in load_queries(f) if ln.tool in names]
     extra_all = [ln for f in all_files for ln in load_queries(f) if ln.tool in names]
-    train = [ln for ln, g in zip(lines, fold_of, strict=True) if g != a.fold]
-    idxs = [i for i, g in enumerate(fold_of) if g == a.fold]
+    train, idxs = proto.split(a.fold)
     hp = GateHyperParams(seed=0)
     want = [x.strip() for x in a.arms.split(",") if x.strip()]
     unknown = sorted(set(want) - set(ARMS))

@@ -89,20 +89,17 @@ def main() -> int:
     prepare_training_env()
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import assign_folds, equivalents, load_queries, load_registry, parse_sizes
-    from services.evals.routing import _open_router, _size_n, registries_for, route_lines, summarize
+    from services.evals.data import equivalents
+    from services.evals.routing import _open_router, _size_n, load_protocol, route_lines, summarize
     from services.evals.routing_models import load_augment, train_cached
     from services.evals.stats import wilson
     from services.router import training
     from services.router.training import GateHyperParams, _calibrate_existing, make_examples
 
     t0 = time.time()
-    registry = load_registry(a.tools)
+    proto = load_protocol(a.queries, a.tools, a.sizes)
+    registry, lines, sizes, regs = proto.registry, proto.lines, proto.sizes, proto.regs
     names = set(registry.names)
-    lines = [ln for ln in load_queries(a.queries) if ln.tool in names]
-    sizes = parse_sizes(a.sizes)
-    fold_of = assign_folds(lines, 3, 0)
-    regs = registries_for(lines, sizes, registry, 0)
     extra = [ln for ln in load_augment(a.augment) if ln.tool in names]
     calib = [ln for ln in load_augment(a.calibration) if ln.tool in names]
     folds = [int(f) for f in a.folds.split(",")]
@@ -126,8 +123,7 @@ def main() -> int:
             if str(f) in per_fold:
                 print(f"fold {f}: reused from {', '.join(a.reuse)}", flush=True)
                 continue
-            train = [ln for ln, g in zip(lines, fold_of, strict=True) if g != f]
-            idxs = [i for i, g in enumerate(fold_of) if g == f]
+            train, idxs = proto.split(f)
             gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {f}", extra=extra)
             examples = make_examples(train, names, equivalents, hp.max_turns)
             extra_ex = make_examples(extra, names, equivalents, hp.max_turns)

@@ -79,7 +79,7 @@ def plot(report: dict, path: str) -> None:
     xs = range(len(alphas))
     ax.plot(xs, [100 * v for v in report["val"]["by_alpha"].values()], "k-o", label=f"validation ({report['val']['n']} "
             f"lines; chooses alpha = {report['val']['alpha']})")
-    for s, h in report["held_out"].items():
+    for h in report["held_out"].values():
         ax.plot(xs, [100 * v for v in h["test_by_alpha_insight_only"].values()], "--.",
                 label=f"held-out N = {h['registry_size']} (escalated {100 * h['escalation_rate']:.0f} %)")
     ax.set_xticks(list(xs), [f"{a:g}" for a in alphas], fontsize=8)
@@ -122,15 +122,8 @@ def main() -> int:
     from services.common.embedder import Embedder, tool_text
     from services.common.models import default_embedder_path
     from services.common.store import LocalStore
-    from services.evals.data import (
-        assign_folds,
-        equivalents,
-        is_correct,
-        load_queries,
-        load_registry,
-        parse_sizes,
-    )
-    from services.evals.routing import _open_router, _size_n, registries_for
+    from services.evals.data import equivalents, is_correct, load_queries
+    from services.evals.routing import _open_router, _size_n, load_protocol
     from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
     from services.router.context import routing_text
@@ -147,17 +140,13 @@ def main() -> int:
 
     t0 = time.time()
     torch.set_num_threads(2)
-    registry = load_registry(a.tools)
+    proto = load_protocol(a.queries, a.tools, a.sizes)
+    registry, lines, sizes, regs = proto.registry, proto.lines, proto.sizes, proto.regs
     names = list(registry.names)
     name_set = set(names)
-    lines = [ln for ln in load_queries(a.queries) if ln.tool in name_set]
-    sizes = parse_sizes(a.sizes)
-    fold_of = assign_folds(lines, 3, 0)
-    regs = registries_for(lines, sizes, registry, 0)
     files = [f for f in sorted(Path(a.augment).glob("*.jsonl")) if not (a.exclude and fnmatch.fnmatch(f.name, a.exclude))]
     extra = [ln for f in files for ln in load_queries(f) if ln.tool in name_set]
-    train = [ln for ln, g in zip(lines, fold_of, strict=True) if g != a.fold]
-    idxs = [i for i, g in enumerate(fold_of) if g == a.fold]
+    train, idxs = proto.split(a.fold)
     hp = GateHyperParams(seed=0)
     gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {a.fold}", extra=extra)
     doc = json.loads((gdir / "gate.json").read_text())

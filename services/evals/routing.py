@@ -30,7 +30,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,33 @@ def registries_for(lines: Sequence[QueryLine], sizes: Sequence[str], registry: R
         rng = random.Random(seed * 1_000_003 + i)
         out[size] = [query_registry(ln.tool, size, registry, rng) for ln in lines]
     return out
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The evaluation's data for one seed: the registry, its query lines, each line's fold, each size's registries."""
+
+    registry: Registry
+    lines: list[QueryLine]
+    sizes: list[str]
+    fold_of: list[int]
+    regs: dict[str, list[list[str]]]
+
+    def split(self, fold: int) -> tuple[list[QueryLine], list[int]]:
+        """The training lines of ``fold``'s model (the other folds) and the indexes of its held-out lines."""
+        train = [ln for ln, g in zip(self.lines, self.fold_of, strict=True) if g != fold]
+        return train, [i for i, g in enumerate(self.fold_of) if g == fold]
+
+
+def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed: int = 0) -> Protocol:
+    """As ``evaluate`` builds it: lines whose tool is registered, folds and per-size registries drawn with ``seed``
+    (one-fold experiments in bench/ use it to score exactly the evaluation's held-out lines)."""
+    registry = load_registry(tools)
+    known = set(registry.names)
+    lines = [ln for ln in load_queries(queries) if ln.tool in known]
+    size_list = parse_sizes(sizes)
+    return Protocol(registry, lines, size_list, assign_folds(lines, folds, seed),
+                    registries_for(lines, size_list, registry, seed))
 
 
 def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0):
@@ -311,13 +338,9 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
     t_start = time.time()
     hp = hp or GateHyperParams(seed=seed)
-    size_list = parse_sizes(sizes)
-    lines = load_queries(queries)
-    registry = load_registry(tools)
+    proto = load_protocol(queries, tools, sizes, folds=folds, seed=seed)
+    registry, lines, size_list, fold_of, regs = proto.registry, proto.lines, proto.sizes, proto.fold_of, proto.regs
     known = set(registry.names)
-    lines = [ln for ln in lines if ln.tool in known]
-    fold_of = assign_folds(lines, folds, seed)
-    regs = registries_for(lines, size_list, registry, seed)
 
     extra = [ln for ln in load_augment(augment) if ln.tool in known]
     calib = [ln for ln in load_augment(calibration) if ln.tool in known]

@@ -99,3 +99,16 @@ def test_concat_prompt_holds_every_schema_and_grammar_only_names(data):
     assert ln.query in prompt and ln.history[0][1] in prompt
     g = names_grammar(["a", 'we"ird'])
     assert g == 'root ::= "a" | "we\\"ird"\n'
+
+
+def test_load_protocol_is_the_evaluations_folds_and_registries():
+    from services.evals.routing import load_protocol
+
+    q, t = str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools")
+    proto = load_protocol(q, t, "10,all")
+    assert proto.sizes == ["10", "all"] and len(proto.fold_of) == len(proto.lines) == 962
+    assert proto.regs == registries_for(proto.lines, ["10", "all"], proto.registry, 0)
+    train, held = proto.split(1)
+    assert len(train) + len(held) == len(proto.lines)
+    assert {proto.lines[i].id for i in held}.isdisjoint({ln.id for ln in train})
+    assert all(proto.fold_of[i] == 1 for i in held)
