@@ -33,8 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-AUGMENT = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
 ARMS = ("before", "before + new exemplars", "after")
 
 
@@ -62,44 +60,23 @@ def paired(base: list[dict], other: list[dict]) -> dict[str, int]:
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
+    from services.evals.routing import plot_arms
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    sizes = list(report["sizes"])
-    arms = list(report["arms"])
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    width = 0.8 / len(arms)
-    for k, arm in enumerate(arms):
-        accs = [100 * report["arms"][arm]["sizes"][s]["accuracy"] for s in sizes]
-        lo = [a - 100 * report["arms"][arm]["sizes"][s]["ci95"][0] for a, s in zip(accs, sizes, strict=True)]
-        hi = [100 * report["arms"][arm]["sizes"][s]["ci95"][1] - a for a, s in zip(accs, sizes, strict=True)]
-        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(sizes))]
-        ax.bar(xs, accs, width, yerr=[lo, hi], capsize=3, label=arm)
-        for x, a in zip(xs, accs, strict=True):
-            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(sizes)), [f"N = {report['arms'][arms[0]]['sizes'][s]['registry_size']}" for s in sizes])
-    ax.set_ylabel("held-out top-1 (%), Wilson 95 % CI")
-    ax.set_ylim(max(0, min(100 * report["arms"][a]["sizes"][s]["ci95"][0] for a in arms for s in sizes) - 5), 100)
-    ax.set_title(f"New augment batch {report['new']!r}: fold {report['fold']}, {report['n']} held-out lines")
-    ax.legend(loc="lower left", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    sizes, arms = list(report["sizes"]), report["arms"]
+    first = next(iter(arms.values()))["sizes"]
+    plot_arms(path, {arm: [v["sizes"][s] for s in sizes] for arm, v in arms.items()},
+              [f"N = {first[s]['registry_size']}" for s in sizes],
+              f"New augment batch {report['new']!r}: fold {report['fold']}, {report['n']} held-out lines")
 
 
 def main() -> int:
+    from services.evals.routing import add_protocol_args
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--queries", default=str(DATA / "queries" / "train.jsonl"))
-    ap.add_argument("--tools", default=str(DATA / "mcp_tools"))
-    ap.add_argument("--augment", default=str(AUGMENT))
+    add_protocol_args(ap)
     ap.add_argument("--new", required=True, help="the new batch: a directory of *.jsonl, or a glob of augment file "
                     "names (e.g. '*-b4.jsonl')")
     ap.add_argument("--fold", type=int, default=0)
-    ap.add_argument("--sizes", default="10,250,all")
-    ap.add_argument("--models-root", default="var/models")
     ap.add_argument("--json", default="reports/routing_batch.json")
     ap.add_argument("--arms", default=",".join(ARMS), help="arms to run (comma-separated; 'after' trains a model)")
     ap.add_argument("--quiet", action="store_true")

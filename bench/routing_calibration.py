@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 ROOT = Path(__file__).resolve().parents[1]
 WIDE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
 ARMS = {  # name -> (use the calibration lines, exemplar grid or None for the product's)
@@ -41,46 +40,22 @@ ARMS = {  # name -> (use the calibration lines, exemplar grid or None for the pr
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
+    from services.evals.routing import plot_arms
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = list(report["pooled"])
-    sizes = list(report["pooled"][arms[0]])
-    fig, ax = plt.subplots(figsize=(8, 4.2))
-    width = 0.8 / len(arms)
-    for k, arm in enumerate(arms):
-        rows = [report["pooled"][arm][s] for s in sizes]
-        accs = [100 * r["accuracy"] for r in rows]
-        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
-               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
-        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(sizes))]
-        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
-        for x, a in zip(xs, accs, strict=True):
-            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(sizes)), [f"N = {s}" for s in sizes])
-    ax.set_ylabel("held-out top-1 (%), Wilson 95 % CI")
-    lo = min(100 * report["pooled"][a][s]["ci95"][0] for a in arms for s in sizes)
-    ax.set_ylim(max(0, lo - 5), 100)
-    ax.set_title(f"Exemplar weight chosen on which lines? folds {report['folds']}, {report['n']} held-out lines")
-    ax.legend(loc="lower left", fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    pooled = report["pooled"]
+    sizes = list(next(iter(pooled.values())))
+    plot_arms(path, {arm: [p[s] for s in sizes] for arm, p in pooled.items()}, [f"N = {s}" for s in sizes],
+              f"Exemplar weight chosen on which lines? folds {report['folds']}, {report['n']} held-out lines")
 
 
 def main() -> int:
+    from services.evals.routing import add_protocol_args
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--queries", default=str(DATA / "queries" / "train.jsonl"))
-    ap.add_argument("--tools", default=str(DATA / "mcp_tools"))
-    ap.add_argument("--augment", default=str(ROOT / "data" / "routing_augment"))
+    add_protocol_args(ap, sizes="10,250,all")
     ap.add_argument("--calibration", default=str(ROOT / "data" / "routing_calibration"))
     ap.add_argument("--folds", default="0,1,2")
-    ap.add_argument("--sizes", default="10,250,all")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated arm names (default: all)")
-    ap.add_argument("--models-root", default="var/models")
     ap.add_argument("--json", default="reports/routing_calibration.json")
     ap.add_argument("--reuse", action="append", default=[], help="an earlier report of this script (repeatable): "
                     "its folds are taken as they are (same arms), only the other folds run")

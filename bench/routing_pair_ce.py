@@ -35,9 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-AUGMENT = Path(__file__).resolve().parents[1] / "data" / "routing_augment"
-
 
 def tool_words(name: str) -> str:
     return name.replace("_", " ")
@@ -94,14 +91,12 @@ def plot(report: dict, path: str) -> None:
 
 
 def main() -> int:
+    from services.evals.routing import add_protocol_args
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--queries", default=str(DATA / "queries" / "train.jsonl"))
-    ap.add_argument("--tools", default=str(DATA / "mcp_tools"))
-    ap.add_argument("--augment", default=str(AUGMENT))
+    add_protocol_args(ap)
     ap.add_argument("--exclude", default="", help="glob of augment file names to leave out (e.g. a new batch)")
     ap.add_argument("--fold", type=int, default=0)
-    ap.add_argument("--sizes", default="10,250,all")
-    ap.add_argument("--models-root", default="var/models")
     ap.add_argument("--groups", type=int, default=3000, help="training groups sampled from the exemplar rows")
     ap.add_argument("--negatives", type=int, default=3)
     ap.add_argument("--top-k", type=int, default=3, help="candidates the cross-encoder re-ranks")

@@ -81,6 +81,47 @@ class Protocol:
         return train, [i for i, g in enumerate(self.fold_of) if g == fold]
 
 
+def add_protocol_args(ap, sizes: str = "10,250,all") -> None:
+    """The arguments every one-fold routing bench shares: the evaluation's data (the shared query file and registry
+    beside the checkout), sizes and the gate-model cache."""
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    ap.add_argument("--queries", default=str(shared / "queries" / "train.jsonl"))
+    ap.add_argument("--tools", default=str(shared / "mcp_tools"))
+    ap.add_argument("--augment", default=str(Path(__file__).resolve().parents[2] / "data" / "routing_augment"))
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--models-root", default="var/models")
+
+
+def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str) -> None:
+    """Grouped bars of held-out top-1 with Wilson CIs: one bar per arm at each x (``arms[arm][i]`` holds
+    ``accuracy`` and ``ci95`` for ``xlabels[i]``), the value printed on each bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(arms)
+    for k, (arm, rows) in enumerate(arms.items()):
+        accs = [100 * r["accuracy"] for r in rows]
+        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
+               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
+        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(xlabels))]
+        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
+        for x, a in zip(xs, accs, strict=True):
+            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(xlabels)), list(xlabels))
+    ax.set_ylabel("held-out top-1 (%), Wilson 95 % CI")
+    lo = min(100 * r["ci95"][0] for rows in arms.values() for r in rows)
+    ax.set_ylim(max(0, lo - 5), 100)
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed: int = 0) -> Protocol:
     """As ``evaluate`` builds it: lines whose tool is registered, folds and per-size registries drawn with ``seed``
     (one-fold experiments in bench/ use it to score exactly the evaluation's held-out lines)."""
