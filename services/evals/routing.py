@@ -57,10 +57,11 @@ def _size_n(size: str, registry: Registry) -> int:
 
 def registries_for(lines: Sequence[QueryLine], sizes: Sequence[str], registry: Registry,
                    seed: int) -> dict[str, list[list[str]]]:
-    """Per size, each line's registry (in line order; one seeded generator per size)."""
+    """Per size, each line's registry (in line order). Each size has its own generator, seeded by the seed and the
+    size itself (not its place in ``sizes``), so a size draws the same registries whatever else is evaluated."""
     out = {}
-    for i, size in enumerate(sizes):
-        rng = random.Random(seed * 1_000_003 + i)
+    for size in sizes:
+        rng = random.Random(f"registries:{seed}:{size}")
         out[size] = [query_registry(ln.tool, size, registry, rng) for ln in lines]
     return out
 

@@ -57,6 +57,14 @@ def test_registries_are_reproducible_for_a_seed_and_differ_across_seeds(data):
     assert a == b and a["10"] != c["10"] and a["all"] == c["all"]
 
 
+def test_a_sizes_registries_do_not_depend_on_the_other_sizes(data):
+    lines, registry = data
+    alone = registries_for(lines[:50], ["250"], registry, seed=0)
+    among = registries_for(lines[:50], ["10", "50", "100", "250", "all"], registry, seed=0)
+    assert alone["250"] == among["250"]
+    assert registries_for(lines[:50], ["50", "250"], registry, seed=0)["50"] == among["50"]
+
+
 def test_folds_hold_at_most_one_line_per_tool_and_mix_slots(data):
     lines, _ = data
     folds = assign_folds(lines, 3, seed=0)
