@@ -30,6 +30,13 @@ def _hp_from_args(args: argparse.Namespace):
     return replace(GateHyperParams(), **kw)
 
 
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
 def _default_augment() -> str:
     from pathlib import Path
 
@@ -73,6 +80,9 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", required=True, dest="out", help="report JSON (the PNG plot is written beside it)")
     p.add_argument("--plot", default=None, help="PNG path (default: OUT with .png)")
     p.add_argument("--folds", type=int, default=3, help="k of the held-out k-fold (per tool line)")
+    p.add_argument("--draws", type=_positive_int, default=1,
+                   help="independent draws of each line's distractors per size (rates over all draws, CIs by "
+                        "bootstrap over lines)")
     p.add_argument("--holdout-server", default="kubernetes", help="server held out for generalization ('' = skip)")
     p.add_argument("--concat-limit", type=int, default=30, help="lines sampled for the concat-all baseline")
     p.add_argument("--no-concat", action="store_true", help="skip the concat-all baseline")
@@ -98,7 +108,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                        holdout_server=args.holdout_server, concat_limit=args.concat_limit,
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
-                       concat_from=args.concat_from, augment=args.augment, calibration=args.calibration)
+                       concat_from=args.concat_from, augment=args.augment, calibration=args.calibration,
+                       draws=args.draws)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],

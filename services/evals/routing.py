@@ -9,7 +9,11 @@ Protocol (also written into the report as ``protocol``):
   line is thus scored exactly once, by a model that never saw it (nor used it for calibration/validation).
 * Registries. For size N a line's registry is its target plus N-1 distractors: the target's own server
   first (drawn at random if it alone exceeds N-1), then other servers' tools, drawn with ``--seed``;
-  ``all`` is the whole directory. The router scans its full index restricted to that registry.
+  ``all`` is the whole directory. The router scans its full index restricted to that registry. Each size is
+  seeded by the seed and the size itself. With ``--draws K`` every line is routed over K independent draws of its
+  distractors per size: rates are over all (line, draw) pairs, the 95 % intervals are bootstraps over lines of
+  each line's mean over its draws, and ``accuracy_by_draw`` shows what the draw alone moves (1.4 points at N = 10
+  between two draws in reports/routing_experiments.md §17). The untrained baseline and concat-all use the first draw.
 * Correctness counts the equivalence groups of queries/README.md as correct.
 * Latency ``route_ms`` is measured per routed request inside the router (query embedding + INT8 scan +
   gate + cross-encoder when escalated), in-process; gRPC latency is bench/routing_grpc.py.
@@ -46,7 +50,7 @@ from services.evals.data import (
     parse_sizes,
     query_registry,
 )
-from services.evals.stats import percentile, wilson
+from services.evals.stats import bootstrap_mean_ci, percentile, wilson
 
 log = logging.getLogger("nexus.evals.routing")
 
@@ -56,25 +60,28 @@ def _size_n(size: str, registry: Registry) -> int:
 
 
 def registries_for(lines: Sequence[QueryLine], sizes: Sequence[str], registry: Registry,
-                   seed: int) -> dict[str, list[list[str]]]:
-    """Per size, each line's registry (in line order). Each size has its own generator, seeded by the seed and the
-    size itself (not its place in ``sizes``), so a size draws the same registries whatever else is evaluated."""
+                   seed: int, draw: int = 0) -> dict[str, list[list[str]]]:
+    """Per size, each line's registry (in line order). Each size has its own generator, seeded by the seed, the
+    size itself (not its place in ``sizes``) and the draw (``draw`` > 0: another independent draw of distractors),
+    so a size draws the same registries whatever else is evaluated."""
     out = {}
     for size in sizes:
-        rng = random.Random(f"registries:{seed}:{size}")
+        rng = random.Random(f"registries:{seed}:{size}" + (f":{draw}" if draw else ""))
         out[size] = [query_registry(ln.tool, size, registry, rng) for ln in lines]
     return out
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """The evaluation's data for one seed: the registry, its query lines, each line's fold, each size's registries."""
+    """The evaluation's data for one seed: the registry, its query lines, each line's fold, each size's registries
+    (``regs``: the first draw; ``draw_regs``: every draw of distractors, the first included)."""
 
     registry: Registry
     lines: list[QueryLine]
     sizes: list[str]
     fold_of: list[int]
     regs: dict[str, list[list[str]]]
+    draw_regs: tuple[dict[str, list[list[str]]], ...] = ()
 
     def split(self, fold: int) -> tuple[list[QueryLine], list[int]]:
         """The training lines of ``fold``'s model (the other folds) and the indexes of its held-out lines."""
@@ -123,15 +130,18 @@ def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequenc
     plt.close(fig)
 
 
-def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed: int = 0) -> Protocol:
+def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed: int = 0, draws: int = 1) -> Protocol:
     """As ``evaluate`` builds it: lines whose tool is registered, folds and per-size registries drawn with ``seed``
-    (one-fold experiments in bench/ use it to score exactly the evaluation's held-out lines)."""
+    (``draws`` independent draws of them; one-fold experiments in bench/ use it to score exactly the evaluation's
+    held-out lines)."""
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
     registry = load_registry(tools)
     known = set(registry.names)
     lines = [ln for ln in load_queries(queries) if ln.tool in known]
     size_list = parse_sizes(sizes)
-    return Protocol(registry, lines, size_list, assign_folds(lines, folds, seed),
-                    registries_for(lines, size_list, registry, seed))
+    regs = tuple(registries_for(lines, size_list, registry, seed, d) for d in range(draws))
+    return Protocol(registry, lines, size_list, assign_folds(lines, folds, seed), regs[0], regs)
 
 
 def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0):
@@ -145,14 +155,15 @@ def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1,
     return router
 
 
-def route_lines(router, lines: Sequence[QueryLine], regs: dict[str, list[list[str]]], idxs: Sequence[int],
-                progress=None) -> dict[str, list[dict[str, Any]]]:
-    """Route lines ``idxs`` over each size's registries; one record per (size, line)."""
+def route_lines(router, lines: Sequence[QueryLine], regs: dict[Any, list[list[str]]], idxs: Sequence[int],
+                progress=None) -> dict[Any, list[dict[str, Any]]]:
+    """Route lines ``idxs`` over each registry set of ``regs`` (keyed by size, or by (size, draw)); one record per
+    (key, line)."""
     from services.router.router import routing_text
 
     names = router.index.names()
     pos = {n: i for i, n in enumerate(names)}
-    out: dict[str, list[dict[str, Any]]] = {s: [] for s in regs}
+    out: dict[Any, list[dict[str, Any]]] = {s: [] for s in regs}
     for i in idxs:
         ln = lines[i]
         text = routing_text(ln.query, list(ln.history), router._max_turns())
@@ -203,6 +214,37 @@ def summarize(records: list[dict[str, Any]], n_tools: int) -> dict[str, Any]:
     if mt:
         out["accuracy_multi_turn"] = {"n": len(mt), "accuracy": sum(r["correct"] for r in mt) / len(mt),
                                       "ci95": list(wilson(sum(r["correct"] for r in mt), len(mt)))}
+    return out
+
+
+def summarize_draws(by_draw: Sequence[list[dict[str, Any]]], n_tools: int) -> dict[str, Any]:
+    """``summarize`` over several draws of distractors for the same lines (``by_draw[d]``: one record per line).
+    One draw: exactly ``summarize``. Several: rates over every (line, draw); ``n`` stays the number of lines, and the
+    intervals are percentile bootstraps over lines of each line's mean over the draws (a line's draws are not
+    independent trials, so a Wilson interval over all of them would be too narrow); ``accuracy_by_draw`` shows the
+    spread the draws alone make."""
+    if len(by_draw) == 1:
+        return summarize(by_draw[0], n_tools)
+    if len({len(recs) for recs in by_draw}) != 1:
+        raise ValueError("every draw must hold the same lines")
+    out = summarize([r for recs in by_draw for r in recs], n_tools)
+    per_line: dict[int, list[dict[str, Any]]] = {}
+    for recs in by_draw:
+        for r in recs:
+            per_line.setdefault(r["i"], []).append(r)
+
+    def line_means(key: str, rows=None) -> list[float]:
+        return [float(np.mean([r[key] for r in rs])) for rs in (rows if rows is not None else per_line.values())]
+
+    out.update(n=len(per_line), n_draws=len(by_draw),
+               ci95=list(bootstrap_mean_ci(line_means("correct"))),
+               slb_top1_ci95=list(bootstrap_mean_ci(line_means("slb_top1"))),
+               slb_top3_ci95=list(bootstrap_mean_ci(line_means("slb_top3"))),
+               accuracy_by_draw=[sum(r["correct"] for r in recs) / len(recs) if recs else None for recs in by_draw])
+    mt = [rs for rs in per_line.values() if rs[0]["multi_turn"]]
+    if mt:
+        out["accuracy_multi_turn"] = {**out["accuracy_multi_turn"], "n": len(mt),
+                                      "ci95": list(bootstrap_mean_ci(line_means("correct", mt)))}
     return out
 
 
@@ -367,7 +409,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
-             augment: str = "", calibration: str = "") -> dict[str, Any]:
+             augment: str = "", calibration: str = "", draws: int = 1) -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
 
     prepare_training_env()
@@ -380,8 +422,10 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
     t_start = time.time()
     hp = hp or GateHyperParams(seed=seed)
-    proto = load_protocol(queries, tools, sizes, folds=folds, seed=seed)
+    proto = load_protocol(queries, tools, sizes, folds=folds, seed=seed, draws=draws)
     registry, lines, size_list, fold_of, regs = proto.registry, proto.lines, proto.sizes, proto.fold_of, proto.regs
+    # every (size, draw) registry set, routed in one pass per line
+    all_regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in size_list}
     known = set(registry.names)
 
     extra = [ln for ln in load_augment(augment) if ln.tool in known]
@@ -397,7 +441,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
         if holdout_server and holdout_server in servers else None
 
     embedder = Embedder("")
-    records: dict[str, list[dict[str, Any]]] = {s: [] for s in size_list}
+    records: dict[tuple[str, int], list[dict[str, Any]]] = {k: [] for k in all_regs}
     with tempfile.TemporaryDirectory(prefix="nexus-eval-store-") as tmp:
         store = LocalStore(tmp)
         store.registry_put(list(registry.tools))
@@ -408,8 +452,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                 if router.gate is None:
                     raise RuntimeError(f"gate model {gdir} did not load")
                 idxs = [i for i, g in enumerate(fold_of) if g == f]
-                for s, recs in route_lines(router, lines, regs, idxs, bar).items():
-                    records[s].extend(recs)
+                for k, recs in route_lines(router, lines, all_regs, idxs, bar).items():
+                    records[k].extend(recs)
                 meta = router.gate.info.meta
                 fold_meta.append({"fold": f, "model": str(gdir), "n_eval": len(idxs), "n_fit": meta["n_fit"],
                                   "n_val": meta["n_val"], "tau": meta["tau"], "alpha": meta["alpha"],
@@ -420,21 +464,23 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                   "cross_encoder_best_epoch": meta["cross_encoder"]["best_epoch"],
                                   "slb": {k: v for k, v in (meta.get("slb") or {}).items() if k != "by_setting"}})
         base = base_slb_summary(embedder, router, lines, regs)
-        report_sizes = {s: summarize(sorted(records[s], key=lambda r: r["i"]), _size_n(s, registry))
-                        for s in size_list}
+        def by_draw(recs: dict[tuple[str, int], list[dict[str, Any]]], size: str, keep=lambda r: True):
+            return [sorted((r for r in recs[size, d] if keep(r)), key=lambda r: r["i"]) for d in range(draws)]
+
+        report_sizes = {s: summarize_draws(by_draw(records, s), _size_n(s, registry)) for s in size_list}
 
         generalization = None
         if hold_dir is not None:
             router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight)
             idxs = [i for i, ln in enumerate(lines) if registry.server_of[ln.tool] == holdout_server]
-            held = route_lines(router, lines, regs, idxs)
-            in_dist = {s: summarize([r for r in records[s] if registry.server_of[r["tool"]] == holdout_server],
-                                    _size_n(s, registry)) for s in size_list}
+            held = route_lines(router, lines, all_regs, idxs)
+            in_dist = {s: summarize_draws(by_draw(records, s, lambda r: registry.server_of[r["tool"]] == holdout_server),
+                                          _size_n(s, registry)) for s in size_list}
             generalization = {
                 "server": holdout_server, "model": str(hold_dir), "n": len(idxs),
                 "note": "trained without any line of this server (real or augment); its tools stay registered with "
                         "text keys only, while every other tool also has exemplar keys",
-                "sizes": {s: summarize(held[s], _size_n(s, registry)) for s in size_list},
+                "sizes": {s: summarize_draws(by_draw(held, s), _size_n(s, registry)) for s in size_list},
                 "same_lines_k_fold": {s: {k: in_dist[s][k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3")}
                                       for s in size_list},
             }
@@ -449,7 +495,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
         "protocol": {
             "scheme": f"{folds}-fold by per-tool query slot (seeded permutation)",
             "description": __doc__.split("Protocol (also written into the report as ``protocol``):")[1].strip(),
-            "folds": folds, "seed": seed, "sizes": size_list, "queries": str(queries), "tools": str(tools),
+            "folds": folds, "seed": seed, "sizes": size_list, "draws": draws, "queries": str(queries), "tools": str(tools),
             "n_lines": len(lines), "n_tools": len(registry.tools),
             "equivalence_groups_count_as_correct": True,
             "hyperparams": asdict(hp),

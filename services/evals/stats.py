@@ -42,6 +42,18 @@ def bootstrap_median_ci(values: Sequence[float], iters: int = 2000, seed: int = 
     return (meds[int(0.025 * iters)], meds[int(0.975 * iters) - 1])
 
 
+def bootstrap_mean_ci(values: Sequence[float], iters: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap 95 % interval of the mean (e.g. of per-line accuracies averaged over repeated draws,
+    where the draws of one line are not independent trials and a Wilson interval over all of them is too narrow)."""
+    if not len(values):
+        return (float("nan"), float("nan"))
+    import numpy as np
+
+    v = np.asarray(values, np.float64)
+    means = np.sort(v[np.random.default_rng(seed).integers(0, len(v), (iters, len(v)))].mean(1))
+    return (float(means[int(0.025 * iters)]), float(means[int(0.975 * iters) - 1]))
+
+
 def bootstrap_ratio_ci(num: Sequence[float], den: Sequence[float], iters: int = 2000,
                        seed: int = 0) -> tuple[float, float]:
     """95 % interval of median(num)/median(den), resampling paired observations."""

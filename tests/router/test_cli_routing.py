@@ -36,3 +36,14 @@ def test_both_commands_default_to_the_committed_calibration_lines():
                  ["eval", "routing", "--queries", "q", "--tools", "t", "--json", "o.json"]):
         assert _parser().parse_args(argv).calibration == committed
         assert _parser().parse_args([*argv, "--calibration", ""]).calibration == ""
+
+
+def test_eval_routing_draws_default_to_one_and_must_be_positive(capsys):
+    import pytest
+
+    base = ["eval", "routing", "--queries", "q", "--tools", "t", "--json", "o.json"]
+    assert _parser().parse_args(base).draws == 1
+    assert _parser().parse_args([*base, "--draws", "3"]).draws == 3
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*base, "--draws", "0"])
+    assert "must be >= 1" in capsys.readouterr().err

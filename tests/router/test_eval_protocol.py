@@ -15,7 +15,7 @@ from services.evals.data import (
     parse_sizes,
     query_registry,
 )
-from services.evals.routing import concat_prompt, names_grammar, registries_for, summarize
+from services.evals.routing import concat_prompt, names_grammar, registries_for, summarize, summarize_draws
 from tests.conftest import SHARED
 
 QUERIES = SHARED / "data" / "queries" / "train.jsonl"
@@ -96,6 +96,40 @@ def test_summary_uses_wilson_and_percentiles():
     assert s["accuracy"] == 0.9 and s["slb_top1"] == 0.8 and s["escalation_rate"] == 0.1
     assert 0.59 < s["ci95"][0] < 0.6 and 0.98 < s["ci95"][1] < 0.99  # Wilson, not normal approximation
     assert s["route_ms_p50"] == 4.5 and s["accuracy_escalated"] == 1.0
+
+
+def _recs(correct):
+    return [{"i": i, "correct": c, "slb_top1": c, "slb_top3": True, "escalated": False, "route_ms": 1.0,
+             "slot": i % 3, "multi_turn": i % 2 == 0} for i, c in enumerate(correct)]
+
+
+def test_one_draw_summarizes_as_before_and_several_pool_with_a_bootstrap_over_lines():
+    a = _recs([i < 80 for i in range(100)])
+    assert summarize_draws([a], 10) == summarize(a, 10)
+    b = _recs([i < 70 for i in range(100)])
+    s = summarize_draws([a, b], 10)
+    assert s["n"] == 100 and s["n_draws"] == 2 and s["accuracy"] == 0.75 and s["accuracy_by_draw"] == [0.8, 0.7]
+    lo, hi = s["ci95"]
+    assert lo < 0.75 < hi
+    # the interval is over 100 lines, not 200 independent trials: wider than Wilson over the pooled pairs
+    wl, wh = summarize(a + b, 10)["ci95"]
+    assert hi - lo > (wh - wl) * 1.2
+    assert s["accuracy_multi_turn"]["n"] == 50 and summarize_draws([a, b], 10) == s  # deterministic
+    with pytest.raises(ValueError, match="same lines"):
+        summarize_draws([a, b[:50]], 10)
+
+
+def test_draws_are_independent_and_the_first_is_the_single_draw(data):
+    from services.evals.routing import load_protocol
+
+    lines, registry = data
+    assert registries_for(lines[:50], ["10"], registry, 0, draw=0) == registries_for(lines[:50], ["10"], registry, 0)
+    assert registries_for(lines[:50], ["10"], registry, 0, draw=1) != registries_for(lines[:50], ["10"], registry, 0)
+    q, t = str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools")
+    proto = load_protocol(q, t, "10", draws=2)
+    assert len(proto.draw_regs) == 2 and proto.draw_regs[0] == proto.regs != proto.draw_regs[1]
+    with pytest.raises(ValueError, match="draws"):
+        load_protocol(q, t, "10", draws=0)
 
 
 def test_concat_prompt_holds_every_schema_and_grammar_only_names(data):
