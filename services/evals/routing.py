@@ -100,8 +100,9 @@ def add_protocol_args(ap, sizes: str = "10,250,all") -> None:
     ap.add_argument("--models-root", default="var/models")
 
 
-def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str) -> None:
-    """Grouped bars of held-out top-1 with Wilson CIs: one bar per arm at each x (``arms[arm][i]`` holds
+def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str,
+              ci: str = "Wilson 95 % CI") -> None:
+    """Grouped bars of held-out top-1 with their CIs (``ci`` names them): one bar per arm at each x (``arms[arm][i]`` holds
     ``accuracy`` and ``ci95`` for ``xlabels[i]``), the value printed on each bar."""
     import matplotlib
 
@@ -119,7 +120,7 @@ def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequenc
         for x, a in zip(xs, accs, strict=True):
             ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(xlabels)), list(xlabels))
-    ax.set_ylabel("held-out top-1 (%), Wilson 95 % CI")
+    ax.set_ylabel(f"held-out top-1 (%), {ci}")
     lo = min(100 * r["ci95"][0] for rows in arms.values() for r in rows)
     ax.set_ylim(max(0, lo - 5), 100)
     ax.set_title(title)
@@ -393,11 +394,14 @@ def plot(report: dict[str, Any], path: str) -> None:
     ax.set_xticklabels([f"{x}" for x in xs])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("registry size N (tools)")
-    ax.set_ylabel("routing accuracy, % (Wilson 95% CI)")
+    draws = report["protocol"].get("draws", 1)
+    ax.set_ylabel("routing accuracy, % (95 % CI, " + ("Wilson)" if draws == 1 else "bootstrap over lines;\n"
+                                                            "first-draw baselines: Wilson)"))
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
     ax.set_title(f"Routing accuracy on held-out queries ({report['protocol']['folds']}-fold), "
-                 f"n = {report['sizes'][sizes[0]]['n']}", fontsize=10)
+                 f"n = {report['sizes'][sizes[0]]['n']}" + (f" x {draws} draws of distractors" if draws > 1 else ""),
+                 fontsize=10)
     ax.legend(fontsize=7.5, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
