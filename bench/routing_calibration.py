@@ -9,7 +9,10 @@ own decision rule:
 
 * ``validation``: the model's ~100 validation lines choose (the calibration of reports/routing.json);
 * ``validation + calibration``: the held-out calibration lines (1,352, never trained on) join them;
-* ``... (w grid to 5)``: the same with ``EXEMPLAR_GRID`` extended past 1.5 (two folds chose its edge).
+* ``... (w grid to 5)``: the same with the weight grid extended past 1.5 (two folds chose its edge).
+
+The arms pin session 10's scoring (max pooling, weights to 1.5 or 5): the product's grids have grown since
+(``slb-cal-v7``: pooling temperatures, weights to 5; bench/routing_aggregate.py).
 
 Written: the chosen weight, gap and tau per fold and arm, the calibration lines' top-1 at each weight, held-out
 top-1 per size (per fold and pooled, Wilson CI), the paired difference against ``validation``, and a PNG.
@@ -30,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+NARROW_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5)
 WIDE_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0)
-ARMS = {  # name -> (use the calibration lines, exemplar grid or None for the product's)
-    "validation": (False, None),
-    "validation + calibration": (True, None),
+ARMS = {  # name -> (use the calibration lines, exemplar weight grid); max pooling throughout
+    "validation": (False, NARROW_GRID),
+    "validation + calibration": (True, NARROW_GRID),
     "validation (w grid to 5)": (False, WIDE_GRID),
     "validation + calibration (w grid to 5)": (True, WIDE_GRID),
 }
@@ -83,7 +87,7 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
     hp = GateHyperParams(seed=0)
-    product_grid = training.EXEMPLAR_GRID
+    product_grid, product_temps = training.EXEMPLAR_GRID, training.EXEMPLAR_TEMPERATURES
     per_fold: dict[str, dict] = {}
     for path in a.reuse:
         old = json.loads(Path(path).read_text())
@@ -107,13 +111,13 @@ def main() -> int:
                 use_cal, grid = ARMS[arm]
                 copy = Path(tmp) / f"fold{f}-{len(per_fold[str(f)]['arms'])}"
                 shutil.copytree(gdir, copy)
-                training.EXEMPLAR_GRID = grid or product_grid
+                training.EXEMPLAR_GRID, training.EXEMPLAR_TEMPERATURES = grid, (0.0,)
                 try:
                     doc = _calibrate_existing(copy, json.loads((copy / "gate.json").read_text()), examples,
                                               registry.tools, hp, extra_ex,
                                               make_examples(calib, names, equivalents, hp.max_turns) if use_cal else ())
                 finally:
-                    training.EXEMPLAR_GRID = product_grid
+                    training.EXEMPLAR_GRID, training.EXEMPLAR_TEMPERATURES = product_grid, product_temps
                 router = _open_router(store, embedder, copy)
                 recs = route_lines(router, lines, regs, idxs)
                 slb = doc["slb"]

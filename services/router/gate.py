@@ -69,6 +69,8 @@ class GateInfo:
     exemplar_weight: float = 0.0
     # exemplar score offset from the key score for tools without exemplars (registered after training)
     exemplar_gap: float = 0.0
+    # pooling of a tool's exemplar sims: 0 = their max, T > 0 = their log-mean-exp at temperature T
+    exemplar_temperature: float = 0.0
 
 
 class GateModel:
@@ -89,7 +91,8 @@ class GateModel:
                              alt_keys=bool(doc.get("slb", {}).get("alt_keys", False)),
                              lexical_weight=float(doc.get("slb", {}).get("lexical_weight", 0.0)),
                              exemplar_weight=float(doc.get("slb", {}).get("exemplar_weight", 0.0)),
-                             exemplar_gap=float(doc.get("slb", {}).get("exemplar_gap", 0.0)))
+                             exemplar_gap=float(doc.get("slb", {}).get("exemplar_gap", 0.0)),
+                             exemplar_temperature=float(doc.get("slb", {}).get("exemplar_temperature", 0.0)))
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
         self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",

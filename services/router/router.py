@@ -83,7 +83,9 @@ class Router:
         self.exemplar_weight = self._exemplar_weight()
         self.index = SemanticIndex(embedder.dim, exemplar_weight=self.exemplar_weight,
                                    prefer_native=config.native_scan,
-                                   exemplar_gap=self.gate.info.exemplar_gap if self.gate is not None else 0.0)
+                                   exemplar_gap=self.gate.info.exemplar_gap if self.gate is not None else 0.0,
+                                   exemplar_temperature=(self.gate.info.exemplar_temperature
+                                                         if self.gate is not None else 0.0))
         self.view = RegistryView()
         self._ce_texts: dict[str, str] = {}
         self._lexical: tuple[list[str], LexicalIndex] | None = None
@@ -104,6 +106,7 @@ class Router:
                 self.index.set_exemplars(keys)
                 log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
                                                         "gap": self.gate.info.exemplar_gap,
+                                                        "temperature": self.gate.info.exemplar_temperature,
                                                         "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
 

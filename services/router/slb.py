@@ -4,14 +4,17 @@ Every tool has one *text key*: the unit-norm embedding of its text (``tool_text`
 spaces + description, the measured best of the variants in reports/routing_experiments.md). A tool may also
 have *exemplar keys*: embeddings of queries known to route to it. A tool's score is
 
-    text_sim + exemplar_weight * (best exemplar sim, or text_sim + exemplar_gap when the tool has no exemplar)
+    text_sim + exemplar_weight * (pooled exemplar sim, or text_sim + exemplar_gap when the tool has no exemplar)
 
-so with ``exemplar_weight == 0`` it is plain cosine similarity. ``exemplar_gap`` (measured on validation: the
-median of best exemplar sim - text sim for the right tool) stands in for the exemplars a tool registered after
-training does not have, so it is not ranked below tools with them for lacking one. The router takes the weight
-its gate model chose on validation (``slb.exemplar_weight``, training's ``calibrate_slb``): the fit and augment
-requests of every tool, ~4,900 rows over 338 tools, lift held-out top-1 at N = 250 from 78 to 89 %
-(reports/routing_experiments.md §14-15). A tool may
+so with ``exemplar_weight == 0`` it is plain cosine similarity. The pooling of a tool's exemplar sims is their
+max (``exemplar_temperature == 0``) or their log-mean-exp at that temperature ``T``,
+``m + T * log(mean(exp((sims - m) / T)))`` with ``m`` the max: it tends to the max as T -> 0 and to the mean as T
+grows, so one stray exemplar of a neighbour weighs less than several close ones (``pool_exemplars``).
+``exemplar_gap`` (measured on validation: the median of pooled exemplar sim - text sim for the right tool) stands
+in for the exemplars a tool registered after training does not have, so it is not ranked below tools with them
+for lacking one. The router takes the weight, temperature and gap its gate model chose on its validation and
+calibration lines (``slb.*``, training's ``calibrate_slb``): the fit and augment requests of every tool, ~4,900 rows
+over 338 tools, lift held-out top-1 at N = 250 from 78 to ~90 % (reports/routing_experiments.md §14-17). A tool may
 have an *alternate key* (``set_alt_keys``: another text of the tool, services/router/keys.py); then its
 ``text_sim`` is the max over its two keys. ``search`` may add a per-tool ``bonus`` (the lexical score).
 
@@ -98,6 +101,18 @@ class _NativeInt8Index:
         return s if self._order is None else s[self._order]
 
 
+def pool_exemplars(sims: np.ndarray, starts: np.ndarray, temperature: float = 0.0) -> np.ndarray:
+    """Per group of consecutive rows of ``sims`` (group g is ``sims[starts[g]:starts[g + 1]]``, the last one to the
+    end), the max (``temperature == 0``) or the log-mean-exp at ``temperature``; float32 like the scan."""
+    best = np.maximum.reduceat(sims, starts)
+    if temperature <= 0:
+        return best
+    counts = np.diff(np.append(starts, len(sims)))
+    t = np.float32(temperature)
+    e = np.exp((sims - np.repeat(best, counts)) / t)
+    return (best + t * np.log(np.add.reduceat(e, starts) / counts)).astype(np.float32)
+
+
 def int8_backend(dim: int, prefer_native: bool = True):
     """The INT8 scan: ``nexus_native.Int8Index`` when importable (and wanted), else the numpy reference.
     Both expose ``add(vectors)``, ``scores(query) -> float32[n]`` in insertion order, ``isa``, ``len``."""
@@ -116,9 +131,10 @@ class _Snapshot:
 
     def __init__(self, dim: int, names: list[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray],
                  exemplar_weight: float, prefer_native: bool, alt: Mapping[str, np.ndarray] | None = None,
-                 exemplar_gap: float = 0.0):
+                 exemplar_gap: float = 0.0, exemplar_temperature: float = 0.0):
         self.names = names
         self.exemplar_gap = np.float32(exemplar_gap)
+        self.exemplar_temperature = float(exemplar_temperature)
         self.pos = {n: i for i, n in enumerate(names)}
         self.text = np.ascontiguousarray(text, np.float32).reshape(len(names), dim)
         self.exemplar_weight = float(exemplar_weight)
@@ -157,7 +173,7 @@ class _Snapshot:
         if self.n_exemplars == 0:
             return text
         best = text + self.exemplar_gap
-        best[self.ex_tools] = np.maximum.reduceat(s[n : n + self.n_exemplars], self.ex_starts)
+        best[self.ex_tools] = pool_exemplars(s[n : n + self.n_exemplars], self.ex_starts, self.exemplar_temperature)
         return text + self.exemplar_weight * best
 
 
@@ -165,10 +181,14 @@ class SemanticIndex:
     """Tool keys by name; ``search`` returns the top-k tools by (INT8) score. Thread-safe: builds are
     serialised and swapped in atomically; searches read one consistent snapshot."""
 
-    def __init__(self, dim: int, exemplar_weight: float = 0.0, prefer_native: bool = True, exemplar_gap: float = 0.0):
+    def __init__(self, dim: int, exemplar_weight: float = 0.0, prefer_native: bool = True, exemplar_gap: float = 0.0,
+                 exemplar_temperature: float = 0.0):
+        if exemplar_temperature < 0:
+            raise ValueError(f"exemplar_temperature must be >= 0, got {exemplar_temperature}")
         self.dim = dim
         self.exemplar_weight = float(exemplar_weight)
         self.exemplar_gap = float(exemplar_gap)
+        self.exemplar_temperature = float(exemplar_temperature)
         self.prefer_native = prefer_native
         self._exemplars: dict[str, np.ndarray] = {}
         self._alt: dict[str, np.ndarray] = {}
@@ -193,13 +213,17 @@ class SemanticIndex:
         snap = self._snap
         return snap.text[snap.pos[name]]
 
+    def _build(self, names: list[str], text: np.ndarray) -> _Snapshot:
+        """A snapshot of ``names`` / ``text`` keys with the current exemplars, alternate keys and scoring (under
+        ``_lock``)."""
+        return _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native, self._alt,
+                         self.exemplar_gap, self.exemplar_temperature)
+
     def set_exemplars(self, exemplars: Mapping[str, np.ndarray]) -> None:
         """Exemplar keys per tool name (used from the next build on; tools not registered are ignored)."""
         with self._lock:
             self._exemplars = {k: np.asarray(v, np.float32).reshape(-1, self.dim) for k, v in exemplars.items()}
-            snap = self._snap
-            self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
-                                   self.prefer_native, self._alt, self.exemplar_gap)
+            self._snap = self._build(self._snap.names, self._snap.text)
 
     def set_alt_keys(self, alt: Mapping[str, np.ndarray]) -> None:
         """Alternate keys per tool name (a tool then scores the max of its two keys); ``{}`` turns them off."""
@@ -208,9 +232,7 @@ class SemanticIndex:
                 raise ValueError(f"alternate key of {n!r} has {np.asarray(v).size} values, expected {self.dim}")
         with self._lock:
             self._alt = {k: np.asarray(v, np.float32).reshape(self.dim) for k, v in alt.items()}
-            snap = self._snap
-            self._snap = _Snapshot(self.dim, snap.names, snap.text, self._exemplars, self.exemplar_weight,
-                                   self.prefer_native, self._alt, self.exemplar_gap)
+            self._snap = self._build(self._snap.names, self._snap.text)
 
     def replace_all(self, items: Mapping[str, np.ndarray]) -> None:
         """Rebuild from ``{name: text key}`` (the registry's order is kept)."""
@@ -221,8 +243,7 @@ class SemanticIndex:
         text = (np.vstack([np.asarray(items[n], np.float32).reshape(1, self.dim) for n in names])
                 if names else np.zeros((0, self.dim), np.float32))
         with self._lock:
-            self._snap = _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native,
-                                   self._alt, self.exemplar_gap)
+            self._snap = self._build(names, text)
 
     def upsert(self, items: Mapping[str, np.ndarray]) -> None:
         with self._lock:

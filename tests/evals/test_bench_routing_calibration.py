@@ -13,11 +13,9 @@ def _bench():
 
 
 def test_arms_compare_the_calibration_lines_and_the_wider_grid_against_validation_only():
-    from services.router.training import EXEMPLAR_GRID
-
     rc = _bench()
-    assert rc.ARMS["validation"] == (False, None) and rc.ARMS["validation + calibration"] == (True, None)
-    assert set(EXEMPLAR_GRID) < set(rc.WIDE_GRID) and max(rc.WIDE_GRID) > max(EXEMPLAR_GRID)
+    assert rc.ARMS["validation"] == (False, rc.NARROW_GRID) and rc.ARMS["validation + calibration"][0] is True
+    assert set(rc.NARROW_GRID) < set(rc.WIDE_GRID) and max(rc.WIDE_GRID) > max(rc.NARROW_GRID) == 1.5
 
 
 def test_plot_writes_a_png(tmp_path):

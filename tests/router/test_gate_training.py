@@ -17,6 +17,7 @@ from services.router.keys import LexicalIndex, alt_tool_text, query_part
 from services.router.router import HistoryTurn, Router
 from services.router.training import (
     EXEMPLAR_GRID,
+    EXEMPLAR_TEMPERATURES,
     LEXICAL_GRID,
     SLB_CALIBRATION_VERSION,
     GateHyperParams,
@@ -79,10 +80,12 @@ def test_slb_calibration_is_chosen_on_validation_and_in_force(tiny):
     assert slb["version"] == SLB_CALIBRATION_VERSION and slb["n_val"] == tiny["doc"]["n_val"]
     assert slb["lexical_weight"] in LEXICAL_GRID and isinstance(slb["alt_keys"], bool)
     assert slb["exemplar_weight"] in EXEMPLAR_GRID and slb["n_exemplars"] == tiny["doc"]["n_fit"]
-    # text keys: alternate key x lexical weight; exemplar keys: each weight with the description key alone
-    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID) + len(EXEMPLAR_GRID) - 1
+    # text keys: alternate key x lexical weight; exemplar keys: each weight x pooling temperature, description key alone
+    assert len(slb["by_setting"]) == 2 * len(LEXICAL_GRID) + (len(EXEMPLAR_GRID) - 1) * len(EXEMPLAR_TEMPERATURES)
     assert slb["exemplar_weight"] == 0 or (slb["lexical_weight"], slb["alt_keys"]) == (0.0, False)
-    chosen = setting_name(slb["alt_keys"], slb["lexical_weight"], slb["exemplar_weight"])
+    assert slb["exemplar_temperature"] in EXEMPLAR_TEMPERATURES
+    assert slb["exemplar_weight"] > 0 or slb["exemplar_temperature"] == 0.0
+    chosen = setting_name(slb["alt_keys"], slb["lexical_weight"], slb["exemplar_weight"], slb["exemplar_temperature"])
     assert slb["by_setting"][chosen] == slb["val_slb_top1"] == max(slb["by_setting"].values())
     # among settings of equal top-1 the best mean reciprocal rank wins
     tied = [k for k, v in slb["by_setting"].items() if v == slb["val_slb_top1"]]
@@ -113,13 +116,15 @@ def _router(store, embedder, gate_dir):
     return r
 
 
-def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0, exemplar_weight=0.0):
-    dst = tiny["root"] / f"tau{tau}-alpha{alpha}-alt{alt_keys}-lex{lexical_weight}-ex{exemplar_weight}"
+def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0, exemplar_weight=0.0, exemplar_temperature=0.0):
+    dst = tiny["root"] / (f"tau{tau}-alpha{alpha}-alt{alt_keys}-lex{lexical_weight}-ex{exemplar_weight}"
+                          f"-T{exemplar_temperature}")
     if not dst.exists():
         shutil.copytree(tiny["gate"], dst)
         doc = json.loads((dst / "gate.json").read_text())
         doc["tau"], doc["alpha"] = tau, alpha
-        doc["slb"].update(alt_keys=alt_keys, lexical_weight=lexical_weight, exemplar_weight=exemplar_weight)
+        doc["slb"].update(alt_keys=alt_keys, lexical_weight=lexical_weight, exemplar_weight=exemplar_weight,
+                          exemplar_temperature=exemplar_temperature)
         (dst / "gate.json").write_text(json.dumps(doc))
     return dst
 
@@ -171,6 +176,15 @@ def test_exemplar_keys_are_stored_with_the_model_and_scored_at_the_chosen_weight
     want = {n: text[i] + 0.75 * best[n] for i, n in enumerate(names)}
     for n, s in d.candidates:
         assert s == pytest.approx(want[n], abs=0.02)
+    # the model's pooling temperature reaches the scan: log-mean-exp of each tool's exemplar sims
+    pooled = _router(store, embedder, _with_tau(tiny, -1e9, exemplar_weight=0.75, exemplar_temperature=0.02))
+    assert pooled.index.exemplar_temperature == 0.02
+    lme = {n: float((s := keys[n] @ q).max() + 0.02 * np.log(np.mean(np.exp((s - s.max()) / 0.02)))) for n in keys}
+    want = {n: text[i] + 0.75 * lme.get(n, best[n]) for i, n in enumerate(names)}
+    got = pooled.route(query, top_k=len(tiny["tools"])).candidates
+    for n, s in got:
+        assert s == pytest.approx(want[n], abs=0.02)
+    assert any(abs(lme[n] - best[n]) > 0.01 for n in keys)  # the pooling changes scores here
     # a model whose stored vectors do not match its rows embeds the exemplars again (logged), same keys
     stale = tiny["root"] / "stale-exemplars"
     shutil.copytree(tiny["gate"], stale)
@@ -336,3 +350,6 @@ def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
     # the alternate key raises the key side: a's key becomes max(0.6, 0.8) = 0.8
     assert exemplar_gap(q[:1], val[:1], keys, np.stack([e[2], e[1]]), ["a", "b"], ex) == pytest.approx(0.0, abs=1e-6)
     assert exemplar_gap(q, val, keys, None, ["a", "b"], {}) == 0.0
+    # pooled as the SLB pools: a's log-mean-exp over {0.8, -0.8} at T = 0.5 is 0.8 + 0.5 log((1 + e^-3.2) / 2)
+    lme = 0.8 + 0.5 * np.log((1 + np.exp(-3.2)) / 2)
+    assert exemplar_gap(q[:1], val[:1], keys, None, ["a", "b"], ex, 0.5) == pytest.approx(lme - 0.6, abs=1e-5)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from services.router.slb import NumpyInt8Index, SemanticIndex, int8_backend, quantize_int8
+from services.router.slb import NumpyInt8Index, SemanticIndex, int8_backend, pool_exemplars, quantize_int8
 
 
 def _unit(rng, n, d=384):
@@ -114,6 +114,41 @@ def test_exemplars_alternate_keys_and_the_gap_score_each_tool_apart(native):
     assert names == ["a", "b", "c"]
     assert list(got) == pytest.approx([want[n] for n in names], abs=0.02)
     assert want["a"] < 0.5 * want["c"]  # the alternate row that equals the query does not lift a
+
+
+def test_pooling_is_the_max_at_zero_and_log_mean_exp_above():
+    sims = np.array([0.9, 0.2, 0.85, 0.5, 0.1, 0.7], np.float32)
+    starts = np.array([0, 3, 4])  # groups [0.9, 0.2, 0.85], [0.5], [0.1, 0.7]
+    assert pool_exemplars(sims, starts).tolist() == pytest.approx([0.9, 0.5, 0.7])
+    t = 0.05
+    want = [float(t * np.log(np.mean(np.exp(np.asarray(g) / t)))) for g in ([0.9, 0.2, 0.85], [0.5], [0.1, 0.7])]
+    got = pool_exemplars(sims, starts, t)
+    assert got.dtype == np.float32 and got.tolist() == pytest.approx(want, abs=1e-5)
+    assert np.all(got <= pool_exemplars(sims, starts) + 1e-6) and got[1] == pytest.approx(0.5)  # one row: itself
+    assert pool_exemplars(sims, starts, 100.0).tolist() == pytest.approx([0.65, 0.5, 0.4], abs=1e-3)  # -> the mean
+    # two close exemplars beat one stray one of the same max
+    assert pool_exemplars(np.array([0.8, 0.79, 0.8, 0.1], np.float32), np.array([0, 2]), 0.02).tolist()[0] > \
+        pool_exemplars(np.array([0.8, 0.79, 0.8, 0.1], np.float32), np.array([0, 2]), 0.02).tolist()[1]
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_index_pools_exemplars_at_its_temperature(native):
+    if native:
+        _native()
+    rng = np.random.default_rng(6)
+    keys, ex = _unit(rng, 2), _unit(rng, 3)
+    query = _unit(rng, 1)[0]
+    index = SemanticIndex(384, exemplar_weight=2.0, prefer_native=native, exemplar_gap=0.05,
+                          exemplar_temperature=0.03)
+    index.set_exemplars({"a": ex})
+    index.replace_all({"a": keys[0], "b": keys[1]})
+    _, got = index.scores(query)
+    sims = (ex @ query).astype(np.float32)
+    lme = float(sims.max() + 0.03 * np.log(np.mean(np.exp((sims - sims.max()) / 0.03))))
+    kb = float(keys[1] @ query)
+    assert list(got) == pytest.approx([float(keys[0] @ query) + 2.0 * lme, kb + 2.0 * (kb + 0.05)], abs=0.03)
+    with pytest.raises(ValueError, match="temperature"):
+        SemanticIndex(384, exemplar_temperature=-0.1)
 
 
 def test_upsert_remove_and_vector_roundtrip():
