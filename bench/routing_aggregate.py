@@ -108,8 +108,8 @@ def plot(report: dict, path: str) -> None:
     pooled = report["pooled"]
     sizes = list(next(iter(pooled.values())))
     plot_arms(path, {arm: [p[s] for s in sizes] for arm, p in pooled.items()}, [f"N = {s}" for s in sizes],
-              f"Exemplar pooling, chosen on calibration lines: folds {report['folds']}, {report['n']} held-out "
-              f"lines x {report['draws']} draws", ci="95 % CI, bootstrap over lines")
+              f"Exemplar pooling chosen on calibration lines ({report['n']} held-out lines x {report['draws']} draws)",
+              ci="95 % CI, bootstrap over lines")
 
 
 def main() -> int:
