@@ -129,7 +129,7 @@ def main() -> int:
     from services.common.models import default_embedder_path
     from services.common.tools import Tool
     from services.evals.data import equivalents
-    from services.evals.routing import load_protocol
+    from services.evals.routing import load_protocol, pooled_top1, write_report
     from services.evals.routing_models import load_augment, train_cached
     from services.evals.stats import bootstrap_mean_ci
     from services.router.training import GateHyperParams, _encode_eval, make_examples, tool_text
@@ -219,11 +219,8 @@ def main() -> int:
               "pooled": pooled, "paired_vs_max_line_draws": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's folds and registries (seed 0, --draws draws); each arm's parameters chosen "
                           "per fold on the model's validation + calibration lines; float cosine scores"}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(report, indent=2))
-    plot(report, str(Path(a.json).with_suffix(".png")))
-    print(json.dumps({arm: {s: round(100 * v["accuracy"], 1) for s, v in p.items()} for arm, p in pooled.items()},
-                     indent=1))
+    write_report(a.json, report, plot)
+    print(json.dumps(pooled_top1(pooled), indent=1))
     print(json.dumps(paired, indent=1))
     return 0
 

@@ -86,7 +86,14 @@ def main() -> int:
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
     from services.evals.data import equivalents, load_queries
-    from services.evals.routing import _open_router, _size_n, load_protocol, route_lines, summarize
+    from services.evals.routing import (
+        _open_router,
+        _size_n,
+        load_protocol,
+        route_lines,
+        summarize,
+        write_report,
+    )
     from services.evals.routing_models import train_cached
     from services.router.training import GateHyperParams, _calibrate_existing, make_examples
 
@@ -147,10 +154,7 @@ def main() -> int:
               "sizes": sizes, "arms": out, "paired_vs_before": diffs, "seconds": round(time.time() - t0, 1),
               "protocol": "3-fold by tool line (assign_folds seed 0), registries_for seed 0; the fold's lines are "
                           "never trained or calibrated on; exemplar weight chosen on each model's validation lines"}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(report, indent=2))
-    if out:
-        plot(report, str(Path(a.json).with_suffix(".png")))
+    write_report(a.json, report, plot if out else None)
     print(json.dumps(diffs, indent=1))
     return 0
 

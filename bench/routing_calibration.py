@@ -69,7 +69,15 @@ def main() -> int:
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
     from services.evals.data import equivalents
-    from services.evals.routing import _open_router, _size_n, load_protocol, route_lines, summarize
+    from services.evals.routing import (
+        _open_router,
+        _size_n,
+        load_protocol,
+        pooled_top1,
+        route_lines,
+        summarize,
+        write_report,
+    )
     from services.evals.routing_models import load_augment, train_cached
     from services.evals.stats import wilson
     from services.router import training
@@ -162,11 +170,8 @@ def main() -> int:
               "pooled": pooled, "paired_vs_validation": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's folds and registries (seed 0); each arm recalibrates a copy of the "
                           "fold's cached model (no training); held-out lines are never trained or calibrated on"}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(report, indent=2))
-    plot(report, str(Path(a.json).with_suffix(".png")))
-    print(json.dumps({arm: {s: round(100 * v["accuracy"], 1) for s, v in p.items()} for arm, p in pooled.items()},
-                     indent=1))
+    write_report(a.json, report, plot)
+    print(json.dumps(pooled_top1(pooled), indent=1))
     print(json.dumps(paired, indent=1))
     return 0
 

@@ -63,6 +63,7 @@ def train_encoder(fit, val, names, keys, hp, w: float, progress: bool = True):
         _positive_mask,
         _progress,
         _seed_all,
+        warmup_linear,
     )
 
     _seed_all(hp.seed)
@@ -75,8 +76,7 @@ def train_encoder(fit, val, names, keys, hp, w: float, progress: bool = True):
     pos_val = _positive_mask(val, names)
     opt = torch.optim.AdamW(model.parameters(), lr=hp.q_lr, weight_decay=0.01)
     total = hp.q_epochs * ((len(fit) + hp.q_batch - 1) // hp.q_batch)
-    warm = max(1, int(0.1 * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+    sched = warmup_linear(opt, total)
     temp = hp.q_temp * (1 + w)
 
     def embed_bank():
@@ -140,7 +140,7 @@ def main() -> int:
 
     from services.common.models import default_embedder_path
     from services.evals.data import equivalents
-    from services.evals.routing import load_protocol
+    from services.evals.routing import load_protocol, write_report
     from services.evals.routing_models import load_augment, train_cached
     from services.evals.stats import wilson
     from services.router.training import (
@@ -222,9 +222,7 @@ def main() -> int:
               "training": info, "arms": arms, "paired": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's fold and registries (seed 0, first draw); the same fit + augment lines, "
                           "seed and schedule for both encoders; w chosen on validation + calibration lines"}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(report, indent=2))
-    plot(report, str(Path(a.json).with_suffix(".png")))
+    write_report(a.json, report, plot)
     print(json.dumps(paired))
     return 0
 

@@ -118,7 +118,7 @@ def main() -> int:
     from services.common.models import default_embedder_path
     from services.common.store import LocalStore
     from services.evals.data import equivalents, is_correct, load_queries
-    from services.evals.routing import _open_router, _size_n, load_protocol
+    from services.evals.routing import _open_router, _size_n, load_protocol, write_report
     from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
     from services.router.context import routing_text
@@ -131,6 +131,7 @@ def main() -> int:
         _seed_all,
         choose_alpha,
         make_examples,
+        warmup_linear,
     )
 
     t0 = time.time()
@@ -192,8 +193,7 @@ def main() -> int:
     opt = torch.optim.AdamW([{"params": body, "lr": a.lr}, {"params": head, "lr": a.lr * a.head_lr_mult}],
                             weight_decay=0.01)
     steps = a.epochs * ((len(groups) + a.batch_groups - 1) // a.batch_groups)
-    warm = max(1, int(0.1 * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (steps - s) / steps))
+    sched = warmup_linear(opt, steps)
 
     def logits_of(pairs, grad):
         enc = tok([x for x, _ in pairs], [y for _, y in pairs], padding=True, truncation="longest_first",
@@ -317,9 +317,7 @@ def main() -> int:
         "held_out": held, "ce_ms_p50": float(np.percentile(ms, 50)), "ce_ms_p90": float(np.percentile(ms, 90)),
         "seconds": round(time.time() - t0, 1),
     }
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(report, indent=2))
-    plot(report, str(Path(a.json).with_suffix(".png")))
+    write_report(a.json, report, plot)
     print(f"cross-encoder, {a.top_k} pairs, 1 thread: p50 {report['ce_ms_p50']:.1f} ms, p90 {report['ce_ms_p90']:.1f} ms")
     return 0
 

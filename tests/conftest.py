@@ -29,6 +29,16 @@ def _shared_dir() -> Path:
 
 
 SHARED = _shared_dir()
+
+
+def load_bench(name: str):
+    """A script of bench/ imported as a module (its pure parts are unit-tested; its runs are the bench's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 TOOLS_DIR = SHARED / "data" / "mcp_tools"
 QUERIES = SHARED / "data" / "queries" / "train.jsonl"
 

@@ -131,6 +131,23 @@ def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequenc
     plt.close(fig)
 
 
+def write_report(path: str, report: dict[str, Any], plot_fn=None) -> str:
+    """A bench's report: the JSON at ``path`` (its folder made), and ``plot_fn(report, png)`` with the PNG beside it;
+    returns the PNG's path ('' without a plot)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2))
+    if plot_fn is None:
+        return ""
+    png = str(Path(path).with_suffix(".png"))
+    plot_fn(report, png)
+    return png
+
+
+def pooled_top1(pooled: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """``{arm: {size: accuracy %}}`` of a bench's pooled section, rounded for the console."""
+    return {arm: {s: round(100 * v["accuracy"], 1) for s, v in p.items()} for arm, p in pooled.items()}
+
+
 def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed: int = 0, draws: int = 1) -> Protocol:
     """As ``evaluate`` builds it: lines whose tool is registered, folds and per-size registries drawn with ``seed``
     (``draws`` independent draws of them; one-fold experiments in bench/ use it to score exactly the evaluation's

@@ -124,6 +124,16 @@ class Example:
 
 
 
+def warmup_linear(opt, total_steps: int, warm_fraction: float = 0.1):
+    """The learning-rate schedule of the fine-tunes here: linear warm-up over the first ``warm_fraction`` of
+    ``total_steps`` (at least one step), then linear decay to 0."""
+    import torch
+
+    total = max(1, total_steps)
+    warm = max(1, int(warm_fraction * total))
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+
+
 def _optimizer_step(opt, sched, loss, losses: list[float], bar) -> None:
     """One optimisation step of either tower: backward, step, schedule, and the progress bar's loss."""
     opt.zero_grad()
@@ -239,10 +249,8 @@ def train_query_encoder(fit: list[Example], val: list[Example], names: list[str]
     pos_fit = torch.tensor(_positive_mask(fit, names))
     pos_val = _positive_mask(val, names)
     opt = torch.optim.AdamW(model.parameters(), lr=hp.q_lr, weight_decay=0.01)
-    steps_per_epoch = (len(fit) + hp.q_batch - 1) // hp.q_batch
-    total = max(1, hp.q_epochs * steps_per_epoch)
-    warm = max(1, int(0.1 * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+    total = max(1, hp.q_epochs * ((len(fit) + hp.q_batch - 1) // hp.q_batch))
+    sched = warmup_linear(opt, total)
 
     def val_top1() -> float:
         if not val:
@@ -299,10 +307,8 @@ def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[
     body = [p for n, p in hf.named_parameters() if not n.startswith("classifier")]
     opt = torch.optim.AdamW([{"params": body, "lr": hp.ce_lr}, {"params": head, "lr": hp.ce_lr * hp.ce_head_lr_mult}],
                             weight_decay=0.01)
-    steps_per_epoch = (len(groups) + hp.ce_batch_groups - 1) // hp.ce_batch_groups
-    total = max(1, hp.ce_epochs * steps_per_epoch)
-    warm = max(1, int(0.1 * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) * max(0.0, (total - s) / total))
+    total = max(1, hp.ce_epochs * ((len(groups) + hp.ce_batch_groups - 1) // hp.ce_batch_groups))
+    sched = warmup_linear(opt, total)
 
     def logits_of(pairs: list[tuple[str, str]], grad: bool):
         enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, truncation="longest_first",

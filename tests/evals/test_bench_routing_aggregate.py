@@ -1,18 +1,13 @@
 """bench/routing_aggregate.py's poolings, scores and plot (the arms' run is the bench's)."""
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("routing_aggregate", REPO / "bench" / "routing_aggregate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("routing_aggregate")
 
 
 SIMS = np.array([[0.9, 0.2, 0.5, 0.85, 0.1], [0.1, 0.3, 0.8, 0.2, 0.7]], np.float32)

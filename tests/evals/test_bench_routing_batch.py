@@ -1,18 +1,13 @@
 """bench/routing_batch.py's pure parts: which augment files form the new batch, the paired fixed/broken count,
 the plot. (The arms themselves train gate models, ~20 min each: the bench's run, not a test's.)"""
 
-import importlib.util
-
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("routing_batch", REPO / "bench" / "routing_batch.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("routing_batch")
 
 
 def test_split_batch_separates_the_new_files(tmp_path):

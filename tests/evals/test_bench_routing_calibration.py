@@ -1,15 +1,10 @@
 """bench/routing_calibration.py's arms and plot (the arms recalibrate cached fold models: the bench's run)."""
 
-import importlib.util
-
-from tests.conftest import REPO
+from tests.conftest import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("routing_calibration", REPO / "bench" / "routing_calibration.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("routing_calibration")
 
 
 def test_arms_compare_the_calibration_lines_and_the_wider_grid_against_validation_only():

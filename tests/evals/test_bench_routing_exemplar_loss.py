@@ -1,15 +1,10 @@
 """bench/routing_exemplar_loss.py's training score and plot (the training run is the bench's)."""
 
-import importlib.util
-
-from tests.conftest import REPO
+from tests.conftest import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("routing_exemplar_loss", REPO / "bench" / "routing_exemplar_loss.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("routing_exemplar_loss")
 
 
 def test_logits_are_the_router_score_with_the_own_row_left_out():

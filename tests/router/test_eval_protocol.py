@@ -154,3 +154,16 @@ def test_load_protocol_is_the_evaluations_folds_and_registries():
     assert len(train) + len(held) == len(proto.lines)
     assert {proto.lines[i].id for i in held}.isdisjoint({ln.id for ln in train})
     assert all(proto.fold_of[i] == 1 for i in held)
+
+
+def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path):
+    import json
+
+    from services.evals.routing import pooled_top1, write_report
+
+    seen = []
+    png = write_report(str(tmp_path / "sub" / "r.json"), {"x": 1}, lambda rep, path: seen.append((rep, path)))
+    assert json.loads((tmp_path / "sub" / "r.json").read_text()) == {"x": 1}
+    assert png == str(tmp_path / "sub" / "r.png") and seen == [({"x": 1}, png)]
+    assert write_report(str(tmp_path / "q.json"), {}) == ""
+    assert pooled_top1({"a": {"250": {"accuracy": 0.90517}}}) == {"a": {"250": 90.5}}

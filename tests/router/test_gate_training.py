@@ -353,3 +353,20 @@ def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
     # pooled as the SLB pools: a's log-mean-exp over {0.8, -0.8} at T = 0.5 is 0.8 + 0.5 log((1 + e^-3.2) / 2)
     lme = 0.8 + 0.5 * np.log((1 + np.exp(-3.2)) / 2)
     assert exemplar_gap(q[:1], val[:1], keys, None, ["a", "b"], ex, 0.5) == pytest.approx(lme - 0.6, abs=1e-5)
+
+
+def test_warmup_linear_rises_over_a_tenth_then_decays_to_zero():
+    import torch
+
+    from services.router.training import warmup_linear
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = warmup_linear(opt, 20)
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[:3] == pytest.approx([0.5, 19 / 20, 18 / 20])  # warm-up over 2 steps, times the linear decay
+    assert max(lrs) <= 1.0 and lrs[-1] == pytest.approx(1 / 20) and opt.param_groups[0]["lr"] == 0.0
+    assert warmup_linear(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 0).get_last_lr() == [1.0]
