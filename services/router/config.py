@@ -36,7 +36,8 @@ class RouterConfig(TransportSecurity):
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the
-    # gate model chose on its validation lines (slb.exemplar_weight in gate.json), 0 = text keys only.
+    # gate model chose on its validation + calibration lines (slb.exemplar_weight in gate.json, pooled at its
+    # slb.exemplar_temperature), 0 = text keys only.
     exemplar_weight: float = -1.0
     # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
     native_scan: bool = True

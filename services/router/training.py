@@ -397,8 +397,9 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     """Choose the SLB scoring on the validation split (plus the ``calibration`` lines: requests the model never
     trained on and never keys on, e.g. ``data/routing_calibration``): the description key plus ``w`` times the pooled
     exemplar keys (``exemplars``: requests that route to the tool, never a validation line; their query-encoder
-    vectors ``exemplar_vecs``), ``w`` in ``EXEMPLAR_GRID``, pooled at a temperature in ``EXEMPLAR_TEMPERATURES``; or, at ``w = 0``, the description key alone or the max with the
-    alternate key (``keys.alt_tool_text``), plus ``l`` times the lexical score, ``l`` in ``LEXICAL_GRID``. Best val
+    vectors ``exemplar_vecs``), ``w`` in ``EXEMPLAR_GRID``, pooled at a temperature in ``EXEMPLAR_TEMPERATURES``;
+    or, at ``w = 0``, the description key alone or the max with the alternate key (``keys.alt_tool_text``), plus
+    ``l`` times the lexical score, ``l`` in ``LEXICAL_GRID``. Best val
     top-1 over the whole registry; ties go to the better mean reciprocal rank, then to the simpler setting. With
     exemplars, the gap that stands in for a new tool's missing ones is measured too (``exemplar_gap``). Then tau
     (margin percentile) and the cross-encoder weight alpha are re-chosen under that scoring, as ``train_gate``
@@ -529,8 +530,8 @@ def exemplar_gap(qv: np.ndarray, val: Sequence[Example], keys: np.ndarray, alt: 
 def setting_name(alt_keys: bool, lexical_weight: float, exemplar_weight: float, temperature: float = 0.0) -> str:
     """The key of one SLB scoring in ``by_setting``: ``desc|max2 + lexical weight + ex exemplar weight`` and, for a
     log-mean-exp pooling, ``+T temperature``."""
-    return f"{'max2' if alt_keys else 'desc'}+{lexical_weight}+ex{exemplar_weight}" + (f"+T{temperature}" if temperature
-                                                                                    else "")
+    pooling = f"+T{temperature}" if temperature else ""
+    return f"{'max2' if alt_keys else 'desc'}+{lexical_weight}+ex{exemplar_weight}{pooling}"
 
 
 def choose_alpha(by_alpha: dict[str, float], grid: Sequence[float], min_gain: float = CE_MIN_GAIN) -> float:
