@@ -219,9 +219,7 @@ def main() -> int:
               "pooled": pooled, "paired_vs_max_line_draws": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's folds and registries (seed 0, --draws draws); each arm's parameters chosen "
                           "per fold on the model's validation + calibration lines; float cosine scores"}
-    write_report(a.json, report, plot)
-    print(json.dumps(pooled_top1(pooled), indent=1))
-    print(json.dumps(paired, indent=1))
+    write_report(a.json, report, plot, echo=(pooled_top1(pooled), paired))
     return 0
 
 

@@ -154,8 +154,7 @@ def main() -> int:
               "sizes": sizes, "arms": out, "paired_vs_before": diffs, "seconds": round(time.time() - t0, 1),
               "protocol": "3-fold by tool line (assign_folds seed 0), registries_for seed 0; the fold's lines are "
                           "never trained or calibrated on; exemplar weight chosen on each model's validation lines"}
-    write_report(a.json, report, plot if out else None)
-    print(json.dumps(diffs, indent=1))
+    write_report(a.json, report, plot if out else None, echo=(diffs,))
     return 0
 
 

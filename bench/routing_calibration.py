@@ -170,9 +170,7 @@ def main() -> int:
               "pooled": pooled, "paired_vs_validation": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's folds and registries (seed 0); each arm recalibrates a copy of the "
                           "fold's cached model (no training); held-out lines are never trained or calibrated on"}
-    write_report(a.json, report, plot)
-    print(json.dumps(pooled_top1(pooled), indent=1))
-    print(json.dumps(paired, indent=1))
+    write_report(a.json, report, plot, echo=(pooled_top1(pooled), paired))
     return 0
 
 

@@ -222,8 +222,7 @@ def main() -> int:
               "training": info, "arms": arms, "paired": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's fold and registries (seed 0, first draw); the same fit + augment lines, "
                           "seed and schedule for both encoders; w chosen on validation + calibration lines"}
-    write_report(a.json, report, plot)
-    print(json.dumps(paired))
+    write_report(a.json, report, plot, echo=(paired,))
     return 0
 
 

@@ -131,15 +131,17 @@ def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequenc
     plt.close(fig)
 
 
-def write_report(path: str, report: dict[str, Any], plot_fn=None) -> str:
-    """A bench's report: the JSON at ``path`` (its folder made), and ``plot_fn(report, png)`` with the PNG beside it;
-    returns the PNG's path ('' without a plot)."""
+def write_report(path: str, report: dict[str, Any], plot_fn=None, echo: Sequence[Any] = ()) -> str:
+    """A bench's report: the JSON at ``path`` (its folder made), ``plot_fn(report, png)`` with the PNG beside it,
+    then each of ``echo`` printed as JSON (the console summary); returns the PNG's path ('' without a plot)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(report, indent=2))
-    if plot_fn is None:
-        return ""
-    png = str(Path(path).with_suffix(".png"))
-    plot_fn(report, png)
+    png = ""
+    if plot_fn is not None:
+        png = str(Path(path).with_suffix(".png"))
+        plot_fn(report, png)
+    for item in echo:
+        print(json.dumps(item, indent=1))
     return png
 
 

@@ -156,7 +156,7 @@ def test_load_protocol_is_the_evaluations_folds_and_registries():
     assert all(proto.fold_of[i] == 1 for i in held)
 
 
-def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path):
+def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path, capsys):
     import json
 
     from services.evals.routing import pooled_top1, write_report
@@ -165,5 +165,6 @@ def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path):
     png = write_report(str(tmp_path / "sub" / "r.json"), {"x": 1}, lambda rep, path: seen.append((rep, path)))
     assert json.loads((tmp_path / "sub" / "r.json").read_text()) == {"x": 1}
     assert png == str(tmp_path / "sub" / "r.png") and seen == [({"x": 1}, png)]
-    assert write_report(str(tmp_path / "q.json"), {}) == ""
+    assert write_report(str(tmp_path / "q.json"), {}, echo=({"k": 1},)) == ""
+    assert '"k": 1' in capsys.readouterr().out
     assert pooled_top1({"a": {"250": {"accuracy": 0.90517}}}) == {"a": {"250": 90.5}}
