@@ -51,23 +51,23 @@ def pool(sims: np.ndarray, tool_of_row: np.ndarray, n_tools: int, kind: str, par
     """Per query and tool, the pooled similarity of the tool's exemplar rows (``sims``: queries x rows;
     ``tool_of_row``: each row's tool index); ``-inf`` for a tool without rows. ``kind``: ``max``, ``lme``
     (log-mean-exp at temperature ``param``), ``lse`` (log-sum-exp), ``top`` (mean of the ``param`` best)."""
+    from services.router.slb import pool_exemplars
+
+    if kind not in ("max", "lme", "lse", "top"):
+        raise ValueError(f"unknown pooling {kind!r}")
     out = np.full((sims.shape[0], n_tools), -np.inf, np.float32)
     order = np.argsort(tool_of_row, kind="stable")
-    tools, starts = np.unique(tool_of_row[order], return_index=True)
-    s = sims[:, order]
-    for t, a, b in zip(tools, starts, [*starts[1:], len(order)], strict=True):
-        blk = s[:, a:b]
-        m = blk.max(1)
-        if kind == "max":
-            out[:, t] = m
-        elif kind in ("lme", "lse"):
-            e = np.exp((blk - m[:, None]) / param)
-            out[:, t] = m + param * np.log(e.mean(1) if kind == "lme" else e.sum(1))
-        elif kind == "top":
-            k = min(int(param), blk.shape[1])
-            out[:, t] = -np.sort(-blk, 1)[:, :k].mean(1)
-        else:
-            raise ValueError(f"unknown pooling {kind!r}")
+    tools, starts, counts = np.unique(tool_of_row[order], return_index=True, return_counts=True)
+    s = np.ascontiguousarray(sims[:, order], np.float32)
+    if kind == "top":
+        for t, a, c in zip(tools, starts, counts, strict=True):
+            k = min(int(param), c)
+            out[:, t] = -np.sort(-s[:, a : a + c], 1)[:, :k].mean(1)
+        return out
+    # the router's pooling (max, or log-mean-exp); log-sum-exp is log-mean-exp + T log(count)
+    out[:, tools] = pool_exemplars(s, starts, 0.0 if kind == "max" else param, counts)
+    if kind == "lse":
+        out[:, tools] += np.float32(param) * np.log(counts).astype(np.float32)
     return out
 
 

@@ -101,16 +101,19 @@ class _NativeInt8Index:
         return s if self._order is None else s[self._order]
 
 
-def pool_exemplars(sims: np.ndarray, starts: np.ndarray, temperature: float = 0.0) -> np.ndarray:
-    """Per group of consecutive rows of ``sims`` (group g is ``sims[starts[g]:starts[g + 1]]``, the last one to the
-    end), the max (``temperature == 0``) or the log-mean-exp at ``temperature``; float32 like the scan."""
-    best = np.maximum.reduceat(sims, starts)
+def pool_exemplars(sims: np.ndarray, starts: np.ndarray, temperature: float = 0.0,
+                   counts: np.ndarray | None = None) -> np.ndarray:
+    """Per group of consecutive entries along the last axis of ``sims`` (group g is ``[starts[g]:starts[g + 1]]``,
+    the last one to the end; ``counts``: the group sizes, when the caller keeps them), the max
+    (``temperature == 0``) or the log-mean-exp at ``temperature``; float32 like the scan."""
+    best = np.maximum.reduceat(sims, starts, axis=-1)
     if temperature <= 0:
         return best
-    counts = np.diff(np.append(starts, len(sims)))
+    if counts is None:
+        counts = np.diff(np.append(starts, sims.shape[-1]))
     t = np.float32(temperature)
-    e = np.exp((sims - np.repeat(best, counts)) / t)
-    return (best + t * np.log(np.add.reduceat(e, starts) / counts)).astype(np.float32)
+    e = np.exp((sims - np.repeat(best, counts, axis=-1)) / t)
+    return (best + t * np.log(np.add.reduceat(e, starts, axis=-1) / counts)).astype(np.float32)
 
 
 def int8_backend(dim: int, prefer_native: bool = True):
@@ -157,6 +160,7 @@ class _Snapshot:
             g = np.asarray(groups, np.int64)
             self.ex_tools = np.unique(g)
             self.ex_starts = np.searchsorted(g, self.ex_tools)
+            self.ex_counts = np.diff(np.append(self.ex_starts, len(g)))
         # alternate keys: n rows after the exemplars, a tool without one repeats its text key
         self.has_alt = bool(alt) and bool(names)
         if self.has_alt:
@@ -173,7 +177,8 @@ class _Snapshot:
         if self.n_exemplars == 0:
             return text
         best = text + self.exemplar_gap
-        best[self.ex_tools] = pool_exemplars(s[n : n + self.n_exemplars], self.ex_starts, self.exemplar_temperature)
+        best[self.ex_tools] = pool_exemplars(s[n : n + self.n_exemplars], self.ex_starts, self.exemplar_temperature,
+                                             self.ex_counts)
         return text + self.exemplar_weight * best
 
 
