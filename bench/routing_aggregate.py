@@ -130,7 +130,7 @@ def main() -> int:
     from services.common.tools import Tool
     from services.evals.data import equivalents
     from services.evals.routing import load_protocol, pooled_top1, write_report
-    from services.evals.routing_models import load_augment, train_cached
+    from services.evals.routing_models import train_cached
     from services.evals.stats import bootstrap_mean_ci
     from services.router.training import GateHyperParams, _encode_eval, make_examples, tool_text
 
@@ -140,8 +140,7 @@ def main() -> int:
     names = registry.names
     pos = {n: i for i, n in enumerate(names)}
     known = set(names)
-    extra = [ln for ln in load_augment(a.augment) if ln.tool in known]
-    calib = [ln for ln in load_augment(a.calibration) if ln.tool in known]
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
     hp = GateHyperParams(seed=0)
     by_name: dict[str, Tool] = {t.name: t for t in registry.tools}
     base = SentenceTransformer(str(default_embedder_path()), device="cpu")

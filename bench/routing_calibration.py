@@ -78,7 +78,7 @@ def main() -> int:
         summarize,
         write_report,
     )
-    from services.evals.routing_models import load_augment, train_cached
+    from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
     from services.router import training
     from services.router.training import GateHyperParams, _calibrate_existing, make_examples
@@ -87,8 +87,7 @@ def main() -> int:
     proto = load_protocol(a.queries, a.tools, a.sizes)
     registry, lines, sizes, regs = proto.registry, proto.lines, proto.sizes, proto.regs
     names = set(registry.names)
-    extra = [ln for ln in load_augment(a.augment) if ln.tool in names]
-    calib = [ln for ln in load_augment(a.calibration) if ln.tool in names]
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
     folds = [int(f) for f in a.folds.split(",")]
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]
     unknown = sorted(set(arms) - set(ARMS))

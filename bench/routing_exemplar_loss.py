@@ -141,7 +141,7 @@ def main() -> int:
     from services.common.models import default_embedder_path
     from services.evals.data import equivalents
     from services.evals.routing import load_protocol, write_report
-    from services.evals.routing_models import load_augment, train_cached
+    from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
     from services.router.training import (
         GateHyperParams,
@@ -160,8 +160,7 @@ def main() -> int:
     known, pos = set(names), {n: i for i, n in enumerate(names)}
     hp = GateHyperParams(seed=0)
     set_threads(hp.threads)
-    extra = [ln for ln in load_augment(a.augment) if ln.tool in known]
-    calib = [ln for ln in load_augment(a.calibration) if ln.tool in known]
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
     train, idxs = proto.split(a.fold)
     gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {a.fold}", extra=extra,
                         calibration=calib)

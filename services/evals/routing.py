@@ -83,6 +83,14 @@ class Protocol:
     regs: dict[str, list[list[str]]]
     draw_regs: tuple[dict[str, list[list[str]]], ...] = ()
 
+    def extra_lines(self, path: str | Path) -> list[QueryLine]:
+        """The lines of ``path`` (augment or calibration lines: a JSONL file or a directory of them, '' = none)
+        whose tool is in the registry."""
+        from services.evals.routing_models import load_augment
+
+        known = set(self.registry.names)
+        return [ln for ln in load_augment(path) if ln.tool in known]
+
     def split(self, fold: int) -> tuple[list[QueryLine], list[int]]:
         """The training lines of ``fold``'s model (the other folds) and the indexes of its held-out lines."""
         train = [ln for ln, g in zip(self.lines, self.fold_of, strict=True) if g != fold]
@@ -440,7 +448,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.routing_models import fold_models, holdout_model, load_augment
+    from services.evals.routing_models import fold_models, holdout_model
     from services.router.training import GateHyperParams
 
     t_start = time.time()
@@ -449,10 +457,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     registry, lines, size_list, fold_of, regs = proto.registry, proto.lines, proto.sizes, proto.fold_of, proto.regs
     # every (size, draw) registry set, routed in one pass per line
     all_regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in size_list}
-    known = set(registry.names)
 
-    extra = [ln for ln in load_augment(augment) if ln.tool in known]
-    calib = [ln for ln in load_augment(calibration) if ln.tool in known]
+    extra, calib = proto.extra_lines(augment), proto.extra_lines(calibration)
     clash = {ln.id for ln in calib} & ({ln.id for ln in lines} | {ln.id for ln in extra})
     if clash:
         raise ValueError(f"{len(clash)} calibration line ids are also query or augment ids (e.g. {min(clash)})")

@@ -168,3 +168,17 @@ def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path, capsys):
     assert write_report(str(tmp_path / "q.json"), {}, echo=({"k": 1},)) == ""
     assert '"k": 1' in capsys.readouterr().out
     assert pooled_top1({"a": {"250": {"accuracy": 0.90517}}}) == {"a": {"250": 90.5}}
+
+
+def test_extra_lines_keep_the_registered_tools_only(tmp_path):
+    import json
+
+    from services.evals.routing import load_protocol
+
+    q, t = str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools")
+    proto = load_protocol(q, t, "10")
+    rows = [{"id": "x1", "tool": proto.registry.names[0], "query": "a", "args": {}, "history": []},
+            {"id": "x2", "tool": "no_such_tool", "query": "b", "args": {}, "history": []}]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [ln.id for ln in proto.extra_lines(tmp_path)] == ["x1"]
+    assert proto.extra_lines("") == []
