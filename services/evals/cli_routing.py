@@ -37,22 +37,16 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def _default_augment() -> str:
+def _checkout_data(name: str) -> str:
+    """``data/<name>`` of this checkout when it exists, else '' (none)."""
     from pathlib import Path
 
-    d = Path(__file__).resolve().parents[2] / "data" / "routing_augment"
-    return str(d) if d.is_dir() else ""
-
-
-def _default_calibration() -> str:
-    from pathlib import Path
-
-    d = Path(__file__).resolve().parents[2] / "data" / "routing_calibration"
+    d = Path(__file__).resolve().parents[2] / "data" / name
     return str(d) if d.is_dir() else ""
 
 
 def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--calibration", default=_default_calibration(),
+    p.add_argument("--calibration", default=_checkout_data("routing_calibration"),
                    help="held-out calibration lines (never trained on), a JSONL file or a directory of them: they "
                         "join the validation lines of the SLB calibration (default: data/routing_calibration of "
                         "this checkout; '' = validation lines only)")
@@ -93,7 +87,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--exemplar-weight", type=float, default=-1.0,
                    help="SLB exemplar-key weight; negative (default) = each gate model's validation-chosen weight, "
                         "0 = text keys only (ablation)")
-    p.add_argument("--augment", default=_default_augment(),
+    p.add_argument("--augment", default=_checkout_data("routing_augment"),
                    help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -128,7 +122,7 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", default="var/models/gate",
                    help="model directory (RouterConfig.gate_model_dir); kept when its data hash matches")
     p.add_argument("--force", action="store_true", help="retrain even when the cached model matches")
-    p.add_argument("--augment", default=_default_augment(),
+    p.add_argument("--augment", default=_checkout_data("routing_augment"),
                    help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
