@@ -23,8 +23,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,8 @@ class GateInfo:
     exemplar_gap: float = 0.0
     # pooling of a tool's exemplar sims: 0 = their max, T > 0 = their log-mean-exp at temperature T
     exemplar_temperature: float = 0.0
+    # a score addend per tool name, calibrated with the exemplar weight (tools not named add 0)
+    tool_bias: Mapping[str, float] = field(default_factory=dict)
 
 
 class GateModel:
@@ -92,7 +94,9 @@ class GateModel:
                              lexical_weight=float(doc.get("slb", {}).get("lexical_weight", 0.0)),
                              exemplar_weight=float(doc.get("slb", {}).get("exemplar_weight", 0.0)),
                              exemplar_gap=float(doc.get("slb", {}).get("exemplar_gap", 0.0)),
-                             exemplar_temperature=float(doc.get("slb", {}).get("exemplar_temperature", 0.0)))
+                             exemplar_temperature=float(doc.get("slb", {}).get("exemplar_temperature", 0.0)),
+                             tool_bias={str(k): float(v) for k, v in
+                                        (doc.get("slb", {}).get("tool_bias") or {}).items()})
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
         self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",

@@ -104,9 +104,13 @@ class Router:
             if self.exemplar_weight:
                 keys = self.gate.exemplar_keys()
                 self.index.set_exemplars(keys)
+                # the tool bias was calibrated with the model's exemplar weight: not under another one
+                bias = info.tool_bias if self.exemplar_weight == info.exemplar_weight else {}
+                self.index.set_tool_bias(bias)
                 log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
                                                         "gap": self.gate.info.exemplar_gap,
                                                         "temperature": self.gate.info.exemplar_temperature,
+                                                        "biased_tools": len(bias),
                                                         "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
 

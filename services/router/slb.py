@@ -16,7 +16,9 @@ for lacking one. The router takes the weight, temperature and gap its gate model
 calibration lines (``slb.*``, training's ``calibrate_slb``): the fit and augment requests of every tool, ~4,900 rows
 over 338 tools, lift held-out top-1 at N = 250 from 78 to ~90 % (reports/routing_experiments.md §14-17). A tool may
 have an *alternate key* (``set_alt_keys``: another text of the tool, services/router/keys.py); then its
-``text_sim`` is the max over its two keys. ``search`` may add a per-tool ``bonus`` (the lexical score).
+``text_sim`` is the max over its two keys. A tool may carry a *bias* (``set_tool_bias``: a calibrated addend fitted
+on its exemplar requests, §18; a tool without one adds 0). ``search`` may add a per-tool ``bonus`` (the lexical
+score).
 
 Keys are quantized symmetric per vector to INT8 (``q = clip(rint(x * 127 / max|x|), -127, 127)``, scale
 ``max|x| / 127``); the query is quantized the same way and a row's score is
@@ -134,8 +136,12 @@ class _Snapshot:
 
     def __init__(self, dim: int, names: list[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray],
                  exemplar_weight: float, prefer_native: bool, alt: Mapping[str, np.ndarray] | None = None,
-                 exemplar_gap: float = 0.0, exemplar_temperature: float = 0.0):
+                 exemplar_gap: float = 0.0, exemplar_temperature: float = 0.0,
+                 tool_bias: Mapping[str, float] | None = None):
         self.names = names
+        # per-tool addend in index order (None: none); a tool without one, e.g. registered after training, adds 0
+        self.bias = (np.array([tool_bias.get(n, 0.0) for n in names], np.float32)
+                     if tool_bias and any(n in tool_bias for n in names) else None)
         self.exemplar_gap = np.float32(exemplar_gap)
         self.exemplar_temperature = float(exemplar_temperature)
         self.pos = {n: i for i, n in enumerate(names)}
@@ -175,11 +181,12 @@ class _Snapshot:
         if self.has_alt:
             text = np.maximum(text, s[n + self.n_exemplars : 2 * n + self.n_exemplars])
         if self.n_exemplars == 0:
-            return text
+            return text if self.bias is None else text + self.bias
         best = text + self.exemplar_gap
         best[self.ex_tools] = pool_exemplars(s[n : n + self.n_exemplars], self.ex_starts, self.exemplar_temperature,
                                              self.ex_counts)
-        return text + self.exemplar_weight * best
+        out = text + self.exemplar_weight * best
+        return out if self.bias is None else out + self.bias
 
 
 class SemanticIndex:
@@ -197,6 +204,7 @@ class SemanticIndex:
         self.prefer_native = prefer_native
         self._exemplars: dict[str, np.ndarray] = {}
         self._alt: dict[str, np.ndarray] = {}
+        self._bias: dict[str, float] = {}
         self._lock = threading.Lock()
         self._snap = _Snapshot(dim, [], np.zeros((0, dim), np.float32), {}, 0.0, prefer_native)
 
@@ -222,12 +230,21 @@ class SemanticIndex:
         """A snapshot of ``names`` / ``text`` keys with the current exemplars, alternate keys and scoring (under
         ``_lock``)."""
         return _Snapshot(self.dim, names, text, self._exemplars, self.exemplar_weight, self.prefer_native, self._alt,
-                         self.exemplar_gap, self.exemplar_temperature)
+                         self.exemplar_gap, self.exemplar_temperature, self._bias)
 
     def set_exemplars(self, exemplars: Mapping[str, np.ndarray]) -> None:
         """Exemplar keys per tool name (used from the next build on; tools not registered are ignored)."""
         with self._lock:
             self._exemplars = {k: np.asarray(v, np.float32).reshape(-1, self.dim) for k, v in exemplars.items()}
+            self._snap = self._build(self._snap.names, self._snap.text)
+
+    def set_tool_bias(self, bias: Mapping[str, float]) -> None:
+        """A score addend per tool name (the calibration's ``tool_bias``); tools not named add 0, ``{}`` clears."""
+        bad = [n for n, b in bias.items() if not np.isfinite(b)]
+        if bad:
+            raise ValueError(f"tool bias of {bad[0]!r} is not finite")
+        with self._lock:
+            self._bias = {k: float(v) for k, v in bias.items()}
             self._snap = self._build(self._snap.names, self._snap.text)
 
     def set_alt_keys(self, alt: Mapping[str, np.ndarray]) -> None:

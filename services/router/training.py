@@ -11,8 +11,9 @@
                                                     ──► tau = q-th percentile of val top1-top2 margins
                                                     ──► best CE epoch and alpha (val re-rank accuracy)
                                                     ──► SLB scoring (calibrate_slb): exemplar-key weight (the
-                                                        fit + extra requests of each tool), or alternate key on/off
-                                                        and lexical weight (val top-1, then MRR), then tau and
+                                                        fit + extra requests of each tool) and a per-tool bias,
+                                                        or alternate key on/off and lexical weight (val top-1, then
+                                                        MRR), then tau and
                                                         alpha again under that scoring (gate.json "slb"; a cached
                                                         model without it is calibrated in place, no retraining)
 
@@ -66,7 +67,9 @@ TRAINING_VERSION = "gate-train-v1"
 # with the description key only (no alternate key, no lexical addend); v6: the calibration lines (held-out
 # hand-written requests, ``data/routing_calibration``) join the validation lines for every calibrated choice; v7: the
 # exemplar pooling's temperature (EXEMPLAR_TEMPERATURES) and weights past 1.5, chosen on those 1,400+ lines
-SLB_CALIBRATION_VERSION = "slb-cal-v7"
+# v8: a score addend per tool (``tool_bias``, fitted on the exemplar requests left out one at a time; its L2 strength
+# from TOOL_BIAS_MU, or none) chosen on the same lines
+SLB_CALIBRATION_VERSION = "slb-cal-v8"
 # The cross-encoder is switched on (alpha > 0) only when its best fused re-rank beats alpha = 0 by this much
 # validation accuracy: an escalation costs ~55 ms on this VM (gRPC p99 30.7 -> 95 ms at 16 % escalated), and the
 # production model of session 5 chose alpha 0.05 for +1.4 points (2 of 144 lines) that no fold reproduced.
@@ -81,6 +84,12 @@ LEXICAL_GRID: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15
 EXEMPLAR_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
 # Temperatures of the exemplar pooling (slb.pool_exemplars): 0 = the best exemplar alone, T > 0 = log-mean-exp.
 EXEMPLAR_TEMPERATURES: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
+# L2 strengths of the per-tool bias fit (``fit_tool_bias``), weakest bias first; no bias is tried before all of them.
+# reports/routing_rescore.json: the three folds' calibration lines chose 1, 0.1, 1 (folds 0 and 2: a bias of ~1e-3,
+# i.e. none; fold 1: +1.6 points held-out at N = 250, 15 lines fixed, none broken)
+TOOL_BIAS_MU: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
+# inverse temperature of the softmax the bias is fitted under (the SLB's own, fitted on fold 0's rows: ~6)
+TOOL_BIAS_BETA = 10.0
 # depth of the ranking whose mean reciprocal rank breaks ties between settings of equal validation top-1
 MRR_DEPTH = 10
 
@@ -284,6 +293,37 @@ def train_query_encoder(fit: list[Example], val: list[Example], names: list[str]
     return model, {"history": history, "best_epoch": best[1], "val_slb_top1": best[0]}
 
 
+class ListwiseCrossEncoder:
+    """A CrossEncoder from the all-MiniLM-L6-v2 weights with a new one-logit head, ready to train: AdamW (the head at
+    ``lr * head_lr_mult``) under the warmup-linear schedule of ``total_steps``, seeded by ``seed`` before the head
+    is drawn. ``logits(pairs, grad)`` scores (request, tool text) pairs as one padded batch."""
+
+    def __init__(self, max_len: int, lr: float, head_lr_mult: float, total_steps: int, seed: int):
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        _seed_all(seed)
+        self.max_len = max_len
+        self.ce = CrossEncoder(str(default_embedder_path()), num_labels=1, max_length=max_len, device="cpu")
+        self.hf = self.ce[0].model if hasattr(self.ce[0], "model") else self.ce.model
+        self.tok = self.ce[0].tokenizer if hasattr(self.ce[0], "tokenizer") else self.ce.tokenizer
+        # The classification head is new (random init): a larger learning rate lets it catch up within one
+        # epoch instead of leaving the logits near zero (measured: loss stuck at ln(1+negatives)).
+        head = [p for n, p in self.hf.named_parameters() if n.startswith("classifier")]
+        body = [p for n, p in self.hf.named_parameters() if not n.startswith("classifier")]
+        self.opt = torch.optim.AdamW([{"params": body, "lr": lr}, {"params": head, "lr": lr * head_lr_mult}],
+                                     weight_decay=0.01)
+        self.sched = warmup_linear(self.opt, max(1, total_steps))
+
+    def logits(self, pairs: Sequence[tuple[str, str]], grad: bool):
+        import torch
+
+        enc = self.tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, truncation="longest_first",
+                       max_length=self.max_len, return_tensors="pt")
+        with torch.set_grad_enabled(grad):
+            return self.hf(**enc).logits.view(-1)
+
+
 def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[list[tuple[str, float]]],
                         val_cands: list[list[tuple[str, float]]], ce_texts: dict[str, str], hp: GateHyperParams,
                         progress: bool) -> tuple[Any, dict[str, Any]]:
@@ -291,30 +331,14 @@ def train_cross_encoder(fit: list[Example], val: list[Example], fit_cands: list[
     SLB-mined hard negatives; per epoch, validate re-ranking of the top ``ce_top_k`` fused with the SLB
     score over ``alpha_grid``; keep the best (epoch, alpha)."""
     import torch
-    from sentence_transformers import CrossEncoder
 
-    _seed_all(hp.seed)
-    ce = CrossEncoder(str(default_embedder_path()), num_labels=1, max_length=hp.ce_max_len, device="cpu")
-    hf = ce[0].model if hasattr(ce[0], "model") else ce.model
-    tok = ce[0].tokenizer if hasattr(ce[0], "tokenizer") else ce.tokenizer
     groups: list[tuple[str, list[str]]] = []
     for e, cands in zip(fit, fit_cands, strict=True):
         negs = [n for n, _ in cands if n not in e.positives][: hp.ce_negatives]
         groups.append((e.text, [ce_texts[e.tool]] + [ce_texts[n] for n in negs]))
-    # The classification head is new (random init): a larger learning rate lets it catch up within one
-    # epoch instead of leaving the logits near zero (measured: loss stuck at ln(1+negatives)).
-    head = [p for n, p in hf.named_parameters() if n.startswith("classifier")]
-    body = [p for n, p in hf.named_parameters() if not n.startswith("classifier")]
-    opt = torch.optim.AdamW([{"params": body, "lr": hp.ce_lr}, {"params": head, "lr": hp.ce_lr * hp.ce_head_lr_mult}],
-                            weight_decay=0.01)
     total = max(1, hp.ce_epochs * ((len(groups) + hp.ce_batch_groups - 1) // hp.ce_batch_groups))
-    sched = warmup_linear(opt, total)
-
-    def logits_of(pairs: list[tuple[str, str]], grad: bool):
-        enc = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, truncation="longest_first",
-                  max_length=hp.ce_max_len, return_tensors="pt")
-        with torch.set_grad_enabled(grad):
-            return hf(**enc).logits.view(-1)
+    lce = ListwiseCrossEncoder(hp.ce_max_len, hp.ce_lr, hp.ce_head_lr_mult, total, hp.seed)
+    ce, hf, opt, sched, logits_of = lce.ce, lce.hf, lce.opt, lce.sched, lce.logits
 
     val_pos = [e.positives for e in val]
 
@@ -401,7 +425,9 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     or, at ``w = 0``, the description key alone or the max with the alternate key (``keys.alt_tool_text``), plus
     ``l`` times the lexical score, ``l`` in ``LEXICAL_GRID``. Best val
     top-1 over the whole registry; ties go to the better mean reciprocal rank, then to the simpler setting. With
-    exemplars, the gap that stands in for a new tool's missing ones is measured too (``exemplar_gap``). Then tau
+    exemplars, the gap that stands in for a new tool's missing ones is measured too (``exemplar_gap``), and a per-tool
+    bias is fitted on the exemplar requests (``fit_tool_bias`` at each strength of ``TOOL_BIAS_MU``) and kept when it
+    beats none (top-1, then MRR; ``tool_bias``, ``tool_bias_mu``, ``by_tool_bias``). Then tau
     (margin percentile) and the cross-encoder weight alpha are re-chosen under that scoring, as ``train_gate``
     does. Every choice is made on the validation and calibration lines together (``cal``); ~100 validation lines
     alone chose noisy weights (reports/routing_experiments.md §15-16)."""
@@ -428,14 +454,23 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     cal = [*val, *calibration]
     ex_keys = exemplar_groups([e.tool for e in exemplars], exemplar_vecs)
     ex_grid = EXEMPLAR_GRID if ex_keys else (0.0,)
-    def slb_index(use_alt: bool, wx: float, temp: float, gap: float = 0.0) -> SemanticIndex:
+    def slb_index(use_alt: bool, wx: float, temp: float, gap: float = 0.0,
+                  bias: Mapping[str, float] | None = None) -> SemanticIndex:
         index = SemanticIndex(keys.shape[1], exemplar_weight=wx, exemplar_gap=gap, exemplar_temperature=temp)
         if wx:
             index.set_exemplars(ex_keys)
         if use_alt:
             index.set_alt_keys({n: alt[i] for i, n in enumerate(names)})
+        if bias:
+            index.set_tool_bias(bias)
         index.replace_all({n: keys[i] for i, n in enumerate(names)})
         return index
+
+    def ranks_of(index: SemanticIndex, w: float) -> tuple[float, float]:
+        """Top-1 and MRR@MRR_DEPTH over ``cal`` (validation + calibration lines)."""
+        ranks = [_first_hit([n for n, _ in index.search(q, MRR_DEPTH, bonus=w * lx)], e.positives)
+                 for q, lx, e in zip(qv, lex, cal, strict=True)]
+        return (float(np.mean([r == 1 for r in ranks])), float(np.mean([1.0 / r if r else 0.0 for r in ranks])))
 
     # in order of simplicity (ties keep the first): text keys, then exemplar keys by weight, max pooling first;
     # exemplar keys go with the description key alone (see EXEMPLAR_GRID)
@@ -455,10 +490,7 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     for use_alt, wx, temp in settings:
         index = slb_index(use_alt, wx, temp)
         for w in LEXICAL_GRID if not wx else (0.0,):
-            ranks = [_first_hit([n for n, _ in index.search(q, MRR_DEPTH, bonus=w * lx)], e.positives)
-                     for q, lx, e in zip(qv, lex, cal, strict=True)]
-            acc = float(np.mean([r == 1 for r in ranks]))
-            mrr = float(np.mean([1.0 / r if r else 0.0 for r in ranks]))
+            acc, mrr = ranks_of(index, w)
             by_setting[setting_name(use_alt, w, wx, temp)] = acc
             by_setting_mrr[setting_name(use_alt, w, wx, temp)] = mrr
             # top-1 first; among equals (common on ~100 lines) the better mean reciprocal rank, then the simpler
@@ -468,6 +500,31 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     _, _, use_alt, w, wx, temp = best
     gap = exemplar_gap(qv, cal, keys, alt if use_alt else None, names, ex_keys, temp) if wx else 0.0
     index = slb_index(use_alt, wx, temp, gap)
+    # a score addend per tool, fitted on the exemplar requests (each left out of its own tool's keys), kept only when
+    # it beats none on the same lines
+    tool_bias: dict[str, float] = {}
+    bias_mu: float | None = None
+    by_bias: dict[str, float] = {}
+    pos = {n: i for i, n in enumerate(names)}
+    rows = [i for i, e in enumerate(exemplars) if e.tool in pos]
+    if wx and rows:
+        row_tool = np.array([pos[exemplars[i].tool] for i in rows])
+        loo = float_tool_scores(exemplar_vecs[rows], keys, exemplar_vecs[rows], row_tool, wx, temp, gap,
+                                leave_out=np.arange(len(rows)))
+        right = np.zeros(loo.shape, bool)
+        for r, i in enumerate(rows):
+            right[r, [pos[n] for n in exemplars[i].positives | {exemplars[i].tool} if n in pos]] = True
+        base_key = ranks_of(index, 0.0)
+        by_bias["none"] = base_key[0]
+        for mu in TOOL_BIAS_MU:
+            b = fit_tool_bias(loo, right, mu)
+            cand = {n: round(float(b[j]), 6) for j, n in enumerate(names) if b[j] != 0.0}
+            got = ranks_of(slb_index(use_alt, wx, temp, gap, cand), 0.0)
+            by_bias[f"{mu:g}"] = got[0]
+            if got > base_key:
+                base_key, bias_mu, tool_bias = got, mu, cand
+        if tool_bias:
+            index = slb_index(use_alt, wx, temp, gap, tool_bias)
     cands = [index.search(q, max(hp.ce_top_k, 2), bonus=w * lx) for q, lx in zip(qv, lex, strict=True)]
     margins = np.array([c[0][1] - c[1][1] for c in cands if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
@@ -496,11 +553,68 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     real_top1 = float(np.mean([c[0][0] in e.positives for e, c in zip(val, cands, strict=False)])) if val else None
     return {"version": SLB_CALIBRATION_VERSION, "alt_key": ALT_KEY_VERSION, "alt_keys": bool(use_alt),
             "lexical_weight": float(w), "exemplar_weight": float(wx), "exemplar_gap": gap,
-            "exemplar_temperature": float(temp), **counts,
+            "exemplar_temperature": float(temp), "tool_bias": tool_bias, "tool_bias_mu": bias_mu,
+            "by_tool_bias": by_bias, **counts,
             "val_slb_top1": best[0], "val_slb_mrr": best[1], "val_slb_top1_real_lines": real_top1,
             "by_setting": by_setting, "by_setting_mrr": by_setting_mrr,
             "tau": tau, "alpha": float(alpha), "by_alpha": by_alpha, "ce_min_gain": CE_MIN_GAIN,
             "val_gated_accuracy": gated_ok / len(cal), "val_escalation_rate": escalated / len(cal)}
+
+
+def float_tool_scores(q: np.ndarray, keys: np.ndarray, ex_v: np.ndarray, tool_of_row: np.ndarray, w: float,
+                      temp: float, gap: float, leave_out: np.ndarray | None = None) -> np.ndarray:
+    """The SLB's scores in float (queries x tools): ``key + w * pooled exemplar sims``, pooled by
+    ``slb.pool_exemplars`` at ``temp`` (``tool_of_row``: each exemplar row's tool index); a tool without exemplars
+    scores ``key + w * (key + gap)``. ``leave_out``: per query the exemplar row to drop (-1: none), as if that
+    request had never been a key. The INT8 scan differs in the third decimal."""
+    order = np.argsort(tool_of_row, kind="stable")
+    tools, starts, counts = np.unique(tool_of_row[order], return_index=True, return_counts=True)
+    key = q @ keys.T
+    sims = (q @ ex_v.T)[:, order]
+    best = key + gap
+    if leave_out is None:
+        best[:, tools] = pool_exemplars(sims, starts, temp, counts)
+        return (key + w * best).astype(np.float32)
+    inv = np.empty_like(order)
+    inv[order] = np.arange(len(order))
+    for r in range(len(q)):  # per query: its own row out of its tool's group (the group shrinks by one)
+        i = int(leave_out[r])
+        if i < 0:
+            best[r, tools] = pool_exemplars(sims[r], starts, temp, counts)
+            continue
+        j = inv[i]
+        keep = np.ones(len(order), bool)
+        keep[j] = False
+        c = counts.copy()
+        c[int(np.searchsorted(starts, j, side="right") - 1)] -= 1
+        live = c > 0  # a tool whose only exemplar left scores as a tool without exemplars
+        best[r, tools[live]] = pool_exemplars(sims[r, keep], np.concatenate([[0], np.cumsum(c[live])[:-1]]), temp,
+                                              c[live])
+    return (key + w * best).astype(np.float32)
+
+
+def fit_tool_bias(scores: np.ndarray, right: np.ndarray, mu: float, beta: float = TOOL_BIAS_BETA, steps: int = 300,
+                  lr: float = 0.05) -> np.ndarray:
+    """A score addend per tool: ``b`` maximising mean log P(right) under softmax(beta * (scores + b)) - mu * |b|^2
+    (Adam, from 0). ``scores``: requests x tools; ``right``: requests x tools, True for every right tool of a
+    request. A tool no request belongs to keeps 0 (it has no evidence either way)."""
+    m = scores.shape[1]
+    b = np.zeros(m, np.float64)
+    mom, vel = np.zeros(m), np.zeros(m)
+    seen = right.any(axis=0)
+    for it in range(1, steps + 1):
+        z = beta * (scores + b)
+        z -= z.max(axis=1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=1, keepdims=True)
+        pr = np.where(right, p, 0.0)
+        post = pr / np.maximum(pr.sum(axis=1, keepdims=True), 1e-30)  # the right tools' share of P(right)
+        grad = -beta * (post - p).mean(axis=0) + 2 * mu * b
+        mom = 0.9 * mom + 0.1 * grad
+        vel = 0.999 * vel + 0.001 * grad**2
+        b -= lr * (mom / (1 - 0.9**it)) / (np.sqrt(vel / (1 - 0.999**it)) + 1e-8)
+        b[~seen] = 0.0
+    return b.astype(np.float32)
 
 
 def _first_hit(ranked: Sequence[str], positives: frozenset[str]) -> int:

@@ -20,6 +20,7 @@ from services.router.training import (
     EXEMPLAR_TEMPERATURES,
     LEXICAL_GRID,
     SLB_CALIBRATION_VERSION,
+    TOOL_BIAS_MU,
     GateHyperParams,
     calibration_hash,
     make_examples,
@@ -92,6 +93,16 @@ def test_slb_calibration_is_chosen_on_validation_and_in_force(tiny):
     assert slb["by_setting_mrr"][chosen] == slb["val_slb_mrr"] == max(slb["by_setting_mrr"][k] for k in tied)
     assert np.isfinite(slb["exemplar_gap"]) and (slb["exemplar_weight"] > 0 or slb["exemplar_gap"] == 0.0)
     assert (tiny["doc"]["tau"], tiny["doc"]["alpha"]) == (slb["tau"], slb["alpha"]) and slb["alpha"] in HP.alpha_grid
+    # the tool bias: none, or the fit whose L2 strength beat none on the same lines
+    if slb["exemplar_weight"] > 0:
+        assert set(slb["by_tool_bias"]) == {"none"} | {f"{mu:g}" for mu in TOOL_BIAS_MU}
+        if slb["tool_bias"]:
+            assert slb["by_tool_bias"][f"{slb['tool_bias_mu']:g}"] >= slb["by_tool_bias"]["none"]
+            assert set(slb["tool_bias"]) <= {t.name for t in tiny["tools"]}
+        else:
+            assert slb["tool_bias_mu"] is None
+    else:
+        assert (slb["tool_bias"], slb["by_tool_bias"]) == ({}, {})
 
 
 def test_cached_model_without_calibration_is_calibrated_in_place(tiny):
@@ -116,15 +127,16 @@ def _router(store, embedder, gate_dir):
     return r
 
 
-def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0, exemplar_weight=0.0, exemplar_temperature=0.0):
+def _with_tau(tiny, tau, alpha=0.5, alt_keys=False, lexical_weight=0.0, exemplar_weight=0.0, exemplar_temperature=0.0,
+              tool_bias=None):
     dst = tiny["root"] / (f"tau{tau}-alpha{alpha}-alt{alt_keys}-lex{lexical_weight}-ex{exemplar_weight}"
-                          f"-T{exemplar_temperature}")
+                          f"-T{exemplar_temperature}-bias{sorted((tool_bias or {}).items())}")
     if not dst.exists():
         shutil.copytree(tiny["gate"], dst)
         doc = json.loads((dst / "gate.json").read_text())
         doc["tau"], doc["alpha"] = tau, alpha
         doc["slb"].update(alt_keys=alt_keys, lexical_weight=lexical_weight, exemplar_weight=exemplar_weight,
-                          exemplar_temperature=exemplar_temperature)
+                          exemplar_temperature=exemplar_temperature, tool_bias=tool_bias or {})
         (dst / "gate.json").write_text(json.dumps(doc))
     return dst
 
@@ -199,6 +211,25 @@ def test_exemplar_keys_are_stored_with_the_model_and_scored_at_the_chosen_weight
     off = Router(cfg, store, embedder)
     asyncio.run(off.sync(force=True))
     assert off.exemplar_weight == 0.0 and off.index._snap.n_exemplars == 0
+
+
+def test_the_calibrated_tool_bias_is_added_at_the_models_exemplar_weight_only(tiny, embedder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    query = "what time is it in Tokyo right now?"
+    plain = _router(store, embedder, _with_tau(tiny, -1e9, exemplar_weight=0.75)).route(query, top_k=len(tiny["tools"]))
+    bias = {"set": 0.4, "no_such_tool": 9.0}  # a tool the registry does not hold is ignored
+    r = _router(store, embedder, _with_tau(tiny, -1e9, exemplar_weight=0.75, tool_bias=bias))
+    assert r.gate.info.tool_bias == bias
+    got = dict(r.route(query, top_k=len(tiny["tools"])).candidates)
+    for n, s in plain.candidates:
+        assert got[n] == pytest.approx(s + bias.get(n, 0.0), abs=1e-5)
+    # under a configured exemplar weight other than the calibrated one the bias is not applied
+    cfg = RouterConfig(store_url=str(store.root), native_scan=False, exemplar_weight=0.5,
+                       gate_model_dir=str(_with_tau(tiny, -1e9, exemplar_weight=0.75, tool_bias=bias)))
+    other = Router(cfg, store, embedder)
+    asyncio.run(other.sync(force=True))
+    assert other.index._snap.bias is None
 
 
 def test_router_escalates_below_tau_and_reranks_top_k(tiny, embedder, tmp_path):
@@ -370,3 +401,42 @@ def test_warmup_linear_rises_over_a_tenth_then_decays_to_zero():
     assert lrs[:3] == pytest.approx([0.5, 19 / 20, 18 / 20])  # warm-up over 2 steps, times the linear decay
     assert max(lrs) <= 1.0 and lrs[-1] == pytest.approx(1 / 20) and opt.param_groups[0]["lr"] == 0.0
     assert warmup_linear(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), 0).get_last_lr() == [1.0]
+
+
+def test_leave_one_out_scores_are_the_scores_without_that_exemplar():
+    from services.router.training import float_tool_scores
+
+    rng = np.random.default_rng(0)
+    keys, ex = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(12, 8)).astype(np.float32)
+    tool_of_row = np.array([0, 0, 1, 1, 1, 2, 3, 3, 0, 1, 2, 4])  # tool 4 has one row; no tool has none
+    for temp in (0.0, 0.05):
+        got = float_tool_scores(ex, keys, ex, tool_of_row, 2.0, temp, 0.1, leave_out=np.arange(12))
+        for i in range(12):
+            keep = np.arange(12) != i
+            want = float_tool_scores(ex[i : i + 1], keys, ex[keep], tool_of_row[keep], 2.0, temp, 0.1)[0]
+            np.testing.assert_allclose(got[i], want, atol=1e-5)
+        # without leave-out: the key plus w times the pooled sims, the row's own sim included
+        full = float_tool_scores(ex[:1], keys, ex, tool_of_row, 2.0, temp, 0.1)[0]
+        assert full[0] > got[0, 0]  # its own row (sim |x|^2 > any other) lifted its tool
+        assert full[4] == pytest.approx(float(keys[4] @ ex[0] + 2.0 * (ex[11] @ ex[0])), abs=1e-4)
+
+
+def test_the_tool_bias_lifts_a_tool_its_neighbour_keeps_beating():
+    from services.router.training import fit_tool_bias
+
+    # tool 1's requests score tool 0 a little higher (the SLB errs on all of them); tool 0's own requests win by far;
+    # tool 2 has no request
+    scores = np.array([[0.9, 0.3, 0.2]] * 20 + [[0.75, 0.7, 0.1]] * 20, np.float32)
+    right = np.zeros(scores.shape, bool)
+    right[:20, 0] = right[20:, 1] = True
+    b = fit_tool_bias(scores, right, mu=1e-3)
+    assert b[2] == 0.0
+    fixed = (scores + b).argmax(1)
+    assert (fixed[:20] == 0).all() and (fixed[20:] == 1).all()
+    strong = fit_tool_bias(scores, right, mu=100.0)  # a strong L2 keeps it near none: the SLB's errors stay
+    assert abs(strong).max() < 0.02 and ((scores + strong).argmax(1) == 0).all()
+    # an equivalent of the right tool counts as right: tool 0 is right for every request, so it is not lowered
+    both = right.copy()
+    both[20:, 0] = True
+    eq = fit_tool_bias(scores, both, mu=1e-3)
+    assert eq[0] > eq[1] and both[np.arange(40), (scores + eq).argmax(1)].all()

@@ -151,6 +151,31 @@ def test_the_index_pools_exemplars_at_its_temperature(native):
         SemanticIndex(384, exemplar_temperature=-0.1)
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_a_tool_bias_is_added_to_its_tool_through_registry_changes(native):
+    if native:
+        _native()
+    rng = np.random.default_rng(7)
+    keys, ex, query = _unit(rng, 3), _unit(rng, 2), _unit(rng, 1)[0]
+    index = SemanticIndex(384, exemplar_weight=1.5, prefer_native=native, exemplar_temperature=0.02)
+    index.set_exemplars({"a": ex})
+    index.replace_all({"a": keys[0], "b": keys[1]})
+    _, before = index.scores(query)
+    index.set_tool_bias({"b": 0.25, "later": -0.5})
+    _, after = index.scores(query)
+    assert list(after) == pytest.approx([before[0], before[1] + 0.25], abs=1e-6)
+    assert index.search(query, 1, bonus=np.array([0.0, 10.0], np.float32))[0][0] == "b"
+    index.upsert({"later": keys[2]})  # a tool named by the bias gets it when registered; the others keep theirs
+    names, s = index.scores(query)
+    text_only = SemanticIndex(384, prefer_native=native)
+    text_only.replace_all({"later": keys[2]})
+    assert names == ["a", "b", "later"] and s[2] == pytest.approx(text_only.scores(query)[1][0] * 2.5 - 0.5, abs=0.02)
+    index.set_tool_bias({})
+    assert list(index.scores(query)[1][:2]) == pytest.approx(list(before), abs=1e-6)
+    with pytest.raises(ValueError, match="not finite"):
+        index.set_tool_bias({"a": float("nan")})
+
+
 def test_upsert_remove_and_vector_roundtrip():
     rng = np.random.default_rng(4)
     keys = _unit(rng, 3)
