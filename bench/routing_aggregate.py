@@ -129,9 +129,8 @@ def main() -> int:
     from services.common.models import default_embedder_path
     from services.common.tools import Tool
     from services.evals.data import equivalents
-    from services.evals.routing import load_protocol, pooled_top1, write_report
+    from services.evals.routing import load_protocol, pool_line_draws, pooled_top1, write_report
     from services.evals.routing_models import train_cached
-    from services.evals.stats import bootstrap_mean_ci
     from services.router.training import GateHyperParams, _encode_eval, make_examples, tool_text
 
     t0 = time.time()
@@ -201,17 +200,7 @@ def main() -> int:
             print(f"fold {f} {arm:16s} {kind}:{param} w {w}: choose {100 * top1:.1f} | "
                   + " ".join(f"N={s} {100 * v:.1f}" for s, v in row["sizes"].items()), flush=True)
 
-    def line_means(arm: str, s: str) -> list[float]:
-        per: dict[str, list[bool]] = {}
-        for k, ok in hits[arm][s].items():
-            per.setdefault(k.rsplit("#", 1)[0], []).append(ok)
-        return [float(np.mean(v)) for v in per.values()]
-
-    pooled = {arm: {s: {"n": len(line_means(arm, s)), "accuracy": float(np.mean(line_means(arm, s))),
-                        "ci95": list(bootstrap_mean_ci(line_means(arm, s)))} for s in sizes} for arm in ARMS}
-    paired = {arm: {s: {"fixed": sum(ok and not hits["max"][s][k] for k, ok in hits[arm][s].items()),
-                        "broken": sum(not ok and hits["max"][s][k] for k, ok in hits[arm][s].items())}
-                    for s in sizes} for arm in ARMS if arm != "max"}
+    pooled, paired = pool_line_draws(hits, "max")
     report = {"folds": folds, "n": sum(v["n"] for v in per_fold.values()), "draws": a.draws, "w_grid": list(W_GRID),
               "arms": {k: [list(x) for x in v] for k, v in ARMS.items()},
               "calibration": {"source": a.calibration, "n_lines": len(calib)}, "per_fold": per_fold,

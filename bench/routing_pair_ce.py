@@ -112,7 +112,7 @@ def main() -> int:
     prepare_training_env()
     import numpy as np
     import torch
-    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from sentence_transformers import SentenceTransformer
 
     from services.common.embedder import Embedder, tool_text
     from services.common.models import default_embedder_path
@@ -125,13 +125,12 @@ def main() -> int:
     from services.router.gate import fuse
     from services.router.training import (
         GateHyperParams,
+        ListwiseCrossEncoder,
         _encode_eval,
         _optimizer_step,
         _progress,
-        _seed_all,
         choose_alpha,
         make_examples,
-        warmup_linear,
     )
 
     t0 = time.time()
@@ -184,22 +183,9 @@ def main() -> int:
         groups.append((rows[i]["text"], texts))
     print(f"{len(groups)} groups; leave-one-out SLB top-1 on them {100 * loo_top1 / len(groups):.1f} %", flush=True)
 
-    _seed_all(a.seed)
-    ce = CrossEncoder(str(default_embedder_path()), num_labels=1, max_length=a.max_len, device="cpu")
-    hf = ce[0].model if hasattr(ce[0], "model") else ce.model
-    tok = ce[0].tokenizer if hasattr(ce[0], "tokenizer") else ce.tokenizer
-    head = [p for n, p in hf.named_parameters() if n.startswith("classifier")]
-    body = [p for n, p in hf.named_parameters() if not n.startswith("classifier")]
-    opt = torch.optim.AdamW([{"params": body, "lr": a.lr}, {"params": head, "lr": a.lr * a.head_lr_mult}],
-                            weight_decay=0.01)
     steps = a.epochs * ((len(groups) + a.batch_groups - 1) // a.batch_groups)
-    sched = warmup_linear(opt, steps)
-
-    def logits_of(pairs, grad):
-        enc = tok([x for x, _ in pairs], [y for _, y in pairs], padding=True, truncation="longest_first",
-                  max_length=a.max_len, return_tensors="pt")
-        with torch.set_grad_enabled(grad):
-            return hf(**enc).logits.view(-1)
+    lce = ListwiseCrossEncoder(a.max_len, a.lr, a.head_lr_mult, steps, a.seed)
+    hf, opt, sched, logits_of = lce.hf, lce.opt, lce.sched, lce.logits
 
     t_train = time.time()
     losses: list[float] = []

@@ -158,6 +158,26 @@ def pooled_top1(pooled: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[
     return {arm: {s: round(100 * v["accuracy"], 1) for s, v in p.items()} for arm, p in pooled.items()}
 
 
+def pool_line_draws(hits: dict[str, dict[str, dict[str, bool]]], base: str) -> tuple[dict, dict]:
+    """A bench's arms over lines x draws: ``hits[arm][size]["<line id>#<draw>"]`` is a right pick. Returns each arm's
+    ``{size: {"n" lines, "accuracy", "ci95"}}`` (the mean of each line's draws; CI by a bootstrap over lines, a line's
+    draws not being independent trials) and, for every other arm, the (line, draw) pairs it fixed and broke
+    against ``base``."""
+
+    def line_means(arm: str, size: str) -> list[float]:
+        per: dict[str, list[bool]] = {}
+        for key, ok in hits[arm][size].items():
+            per.setdefault(key.rsplit("#", 1)[0], []).append(ok)
+        return [float(np.mean(v)) for v in per.values()]
+
+    pooled = {arm: {s: {"n": len(m := line_means(arm, s)), "accuracy": float(np.mean(m)),
+                        "ci95": list(bootstrap_mean_ci(m))} for s in by_size} for arm, by_size in hits.items()}
+    paired = {arm: {s: {"fixed": sum(ok and not hits[base][s][k] for k, ok in got.items()),
+                        "broken": sum(not ok and hits[base][s][k] for k, ok in got.items())}
+                    for s, got in by_size.items()} for arm, by_size in hits.items() if arm != base}
+    return pooled, paired
+
+
 def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed: int = 0, draws: int = 1) -> Protocol:
     """As ``evaluate`` builds it: lines whose tool is registered, folds and per-size registries drawn with ``seed``
     (``draws`` independent draws of them; one-fold experiments in bench/ use it to score exactly the evaluation's
@@ -491,7 +511,9 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                   "train_seconds": meta["train_seconds"],
                                   "query_encoder_best_epoch": meta["query_encoder"]["best_epoch"],
                                   "cross_encoder_best_epoch": meta["cross_encoder"]["best_epoch"],
-                                  "slb": {k: v for k, v in (meta.get("slb") or {}).items() if k != "by_setting"}})
+                                  "slb": {**{k: v for k, v in (meta.get("slb") or {}).items()
+                                             if k not in ("by_setting", "tool_bias")},
+                                          "n_biased_tools": len((meta.get("slb") or {}).get("tool_bias") or {})}})
         base = base_slb_summary(embedder, router, lines, regs)
         def by_draw(recs: dict[tuple[str, int], list[dict[str, Any]]], size: str, keep=lambda r: True):
             return [sorted((r for r in recs[size, d] if keep(r)), key=lambda r: r["i"]) for d in range(draws)]

@@ -170,6 +170,18 @@ def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path, capsys):
     assert pooled_top1({"a": {"250": {"accuracy": 0.90517}}}) == {"a": {"250": 90.5}}
 
 
+def test_arms_pool_over_lines_and_draws_with_paired_counts_against_the_base():
+    from services.evals.routing import pool_line_draws
+
+    hits = {"base": {"250": {"a#0": True, "a#1": False, "b#0": True, "b#1": True}},
+            "new": {"250": {"a#0": True, "a#1": True, "b#0": False, "b#1": True}}}
+    pooled, paired = pool_line_draws(hits, "base")
+    assert pooled["base"]["250"]["n"] == 2 and pooled["base"]["250"]["accuracy"] == 0.75  # lines a 0.5, b 1.0
+    lo, hi = pooled["base"]["250"]["ci95"]
+    assert 0.5 <= lo <= 0.75 <= hi <= 1.0
+    assert paired == {"new": {"250": {"fixed": 1, "broken": 1}}}
+
+
 def test_extra_lines_keep_the_registered_tools_only(tmp_path):
     import json
 
