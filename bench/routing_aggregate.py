@@ -103,13 +103,11 @@ def first_hits(scores: np.ndarray, positives: list[np.ndarray], mask: np.ndarray
 
 
 def plot(report: dict, path: str) -> None:
-    from services.evals.routing import plot_arms
+    from services.evals.routing import plot_pooled
 
-    pooled = report["pooled"]
-    sizes = list(next(iter(pooled.values())))
-    plot_arms(path, {arm: [p[s] for s in sizes] for arm, p in pooled.items()}, [f"N = {s}" for s in sizes],
-              f"Exemplar pooling chosen on calibration lines ({report['n']} held-out lines x {report['draws']} draws)",
-              ci="95 % CI, bootstrap over lines")
+    n, draws = report["n"], report["draws"]
+    plot_pooled(path, report["pooled"], f"Exemplar pooling chosen on calibration lines ({n} held-out lines x "
+                                        f"{draws} draws)")
 
 
 def main() -> int:

@@ -153,6 +153,13 @@ def write_report(path: str, report: dict[str, Any], plot_fn=None, echo: Sequence
     return png
 
 
+def plot_pooled(path: str, pooled: dict[str, dict[str, dict[str, Any]]], title: str) -> None:
+    """``plot_arms`` of a bench's ``pool_line_draws`` section: one bar per arm at each size, bootstrap CIs."""
+    sizes = list(next(iter(pooled.values())))
+    plot_arms(path, {arm: [p[s] for s in sizes] for arm, p in pooled.items()}, [f"N = {s}" for s in sizes], title,
+              ci="95 % CI, bootstrap over lines")
+
+
 def pooled_top1(pooled: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
     """``{arm: {size: accuracy %}}`` of a bench's pooled section, rounded for the console."""
     return {arm: {s: round(100 * v["accuracy"], 1) for s, v in p.items()} for arm, p in pooled.items()}

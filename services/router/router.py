@@ -106,7 +106,11 @@ class Router:
                 self.index.set_exemplars(keys)
                 # the tool bias was calibrated with the model's exemplar weight: not under another one
                 bias = info.tool_bias if self.exemplar_weight == info.exemplar_weight else {}
-                self.index.set_tool_bias(bias)
+                try:
+                    self.index.set_tool_bias(bias)
+                except ValueError as e:  # a corrupt gate.json: route without the bias rather than not at all
+                    log.error("gate model %s: tool bias unusable (%s); routing without it", info.path, e)
+                    bias = {}
                 log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
                                                         "gap": self.gate.info.exemplar_gap,
                                                         "temperature": self.gate.info.exemplar_temperature,

@@ -230,6 +230,9 @@ def test_the_calibrated_tool_bias_is_added_at_the_models_exemplar_weight_only(ti
     other = Router(cfg, store, embedder)
     asyncio.run(other.sync(force=True))
     assert other.index._snap.bias is None
+    # a corrupt bias (NaN in gate.json) is logged and dropped: the router still routes
+    broken = _router(store, embedder, _with_tau(tiny, -1e9, exemplar_weight=0.75, tool_bias={"set": float("nan")}))
+    assert broken.index._snap.bias is None and dict(broken.route(query, top_k=3).candidates)
 
 
 def test_router_escalates_below_tau_and_reranks_top_k(tiny, embedder, tmp_path):
