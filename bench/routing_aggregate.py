@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 W_GRID = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0)
 ARMS: dict[str, list[tuple[str, float]]] = {  # name -> [(pooling, its parameter)]
     "max": [("max", 0.0)],
@@ -114,8 +113,7 @@ def main() -> int:
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all")
-    ap.add_argument("--calibration", default=str(ROOT / "data" / "routing_calibration"))
+    add_protocol_args(ap, sizes="10,250,all", calibration=True)
     ap.add_argument("--folds", default="0,1,2")
     ap.add_argument("--draws", type=int, default=1)
     ap.add_argument("--json", default="reports/routing_aggregate.json")

@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 W_GRID = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 
 
@@ -127,8 +126,7 @@ def main() -> int:
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all")
-    ap.add_argument("--calibration", default=str(ROOT / "data" / "routing_calibration"))
+    add_protocol_args(ap, sizes="10,250,all", calibration=True)
     ap.add_argument("--fold", type=int, default=0)
     ap.add_argument("--w-train", type=float, default=1.5, help="exemplar weight inside the training softmax")
     ap.add_argument("--w-max", type=float, default=1.5, help="largest scoring weight the calibration may choose")

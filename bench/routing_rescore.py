@@ -39,7 +39,6 @@ from routing_aggregate import first_hits  # noqa: E402
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 HUB_K = (5, 10, 20, 50, 100)
 HUB_LAMBDA = (0.05, 0.1, 0.2, 0.3, 0.5)
 BIAS_MU = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
@@ -68,8 +67,7 @@ def main() -> int:
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all")
-    ap.add_argument("--calibration", default=str(ROOT / "data" / "routing_calibration"))
+    add_protocol_args(ap, sizes="10,250,all", calibration=True)
     ap.add_argument("--folds", default="0,1,2")
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--json", default="reports/routing_rescore.json")

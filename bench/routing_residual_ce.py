@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 BETAS = np.geomspace(1.0, 1000.0, 61)
 
 
@@ -98,8 +97,7 @@ def main() -> int:
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all")
-    ap.add_argument("--calibration", default=str(ROOT / "data" / "routing_calibration"))
+    add_protocol_args(ap, sizes="10,250,all", calibration=True)
     ap.add_argument("--folds", default="0")
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--groups", type=int, default=3000, help="training groups sampled from the exemplar rows")

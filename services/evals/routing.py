@@ -97,13 +97,17 @@ class Protocol:
         return train, [i for i, g in enumerate(self.fold_of) if g == fold]
 
 
-def add_protocol_args(ap, sizes: str = "10,250,all") -> None:
+def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False) -> None:
     """The arguments every one-fold routing bench shares: the evaluation's data (the shared query file and registry
-    beside the checkout), sizes and the gate-model cache."""
+    beside the checkout), sizes and the gate-model cache; with ``calibration``, the held-out calibration lines
+    (``data/routing_calibration``) the bench chooses its parameters on."""
     shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    data = Path(__file__).resolve().parents[2] / "data"
     ap.add_argument("--queries", default=str(shared / "queries" / "train.jsonl"))
     ap.add_argument("--tools", default=str(shared / "mcp_tools"))
-    ap.add_argument("--augment", default=str(Path(__file__).resolve().parents[2] / "data" / "routing_augment"))
+    ap.add_argument("--augment", default=str(data / "routing_augment"))
+    if calibration:
+        ap.add_argument("--calibration", default=str(data / "routing_calibration"))
     ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--models-root", default="var/models")
 
