@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import time
 from pathlib import Path
@@ -126,7 +125,7 @@ def main() -> int:
     from services.common.tools import Tool
     from services.evals.data import equivalents
     from services.evals.routing import load_protocol, pool_line_draws, pooled_top1, write_report
-    from services.evals.routing_models import train_cached
+    from services.evals.routing_models import load_fold
     from services.router.training import GateHyperParams, _encode_eval, make_examples, tool_text
 
     t0 = time.time()
@@ -155,20 +154,10 @@ def main() -> int:
     per_fold: dict[str, dict] = {}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in sizes} for arm in ARMS}  # per (line, draw)
     for f in folds:
-        train, idxs = proto.split(f)
-        gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {f}", extra=extra,
-                            calibration=calib)
-        meta = json.loads((gdir / "gate.json").read_text())
-        qenc = SentenceTransformer(str(gdir / "query_encoder"), device="cpu")
-        examples = {e.id: e for e in make_examples(train, known, equivalents, hp.max_turns)}
-        cal = [examples[i] for i in meta["val_ids"]] + calib_ex
-        held = [lines[i] for i in idxs]
-        held_ex = make_examples(held, known, equivalents, hp.max_turns)
-        cq = _encode_eval(qenc, [e.text for e in cal])
-        hq = _encode_eval(qenc, [e.text for e in held_ex])
-        rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines()]
-        ex_v = np.load(gdir / "exemplars.npy")
-        tool_of_row = np.array([pos[r["tool"]] for r in rows])
+        fm = load_fold(proto, f, hp, a.models_root, extra, calib, calib_ex)
+        gdir, idxs, cal, held_ex = fm.dir, fm.idxs, fm.choose, fm.held
+        cq, hq = fm.embed([e.text for e in cal]), fm.embed([e.text for e in held_ex])
+        ex_v, tool_of_row = fm.ex_v, fm.tool_of_row
         cpos, hpos = pos_rows([e.positives for e in cal]), pos_rows([e.positives for e in held_ex])
         ck, hk, cs, hs = cq @ keys.T, hq @ keys.T, cq @ ex_v.T, hq @ ex_v.T
         masks = {(s, d): np.array(pos_rows([regs[s][i] for i in idxs]))

@@ -25,7 +25,6 @@ CIs, the paired difference against ``none``, the most-pulled tools, and a PNG.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -79,7 +78,7 @@ def main() -> int:
     from services.common.models import default_embedder_path
     from services.evals.data import equivalents
     from services.evals.routing import load_protocol, pool_line_draws, pooled_top1, write_report
-    from services.evals.routing_models import train_cached
+    from services.evals.routing_models import load_fold
     from services.router.training import (
         GateHyperParams,
         _encode_eval,
@@ -113,24 +112,10 @@ def main() -> int:
     per_fold: dict[str, dict] = {}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in sizes} for arm in arms}
     for f in [int(x) for x in a.folds.split(",")]:
-        train, idxs = proto.split(f)
-        gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {f}", extra=extra,
-                            calibration=calib)
-        meta = json.loads((gdir / "gate.json").read_text())
-        w, temp = meta["slb"]["exemplar_weight"], meta["slb"].get("exemplar_temperature", 0.0)
-        gap = meta["slb"].get("exemplar_gap", 0.0)
-        qenc = SentenceTransformer(str(gdir / "query_encoder"), device="cpu")
-        rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
-        ex_v = np.load(gdir / "exemplars.npy").astype(np.float32)
-        tool_of_row = np.array([pos[r["tool"]] for r in rows])
-        examples = {e.id: e for e in make_examples(train, known, equivalents, hp.max_turns)}
-        choose = [examples[i] for i in meta["val_ids"]] + calib_ex
-        held_ex = make_examples([lines[i] for i in idxs], known, equivalents, hp.max_turns)
-
-        def scores_of(texts: list[str], qenc=qenc, ex_v=ex_v, tool_of_row=tool_of_row, w=w, temp=temp, gap=gap):
-            return float_tool_scores(_encode_eval(qenc, texts), keys, ex_v, tool_of_row, w, temp, gap)
-
-        cs, hs = scores_of([e.text for e in choose]), scores_of([e.text for e in held_ex])
+        fm = load_fold(proto, f, hp, a.models_root, extra, calib, calib_ex)
+        w, temp, gap, rows, ex_v, tool_of_row = fm.w, fm.temp, fm.gap, fm.rows, fm.ex_v, fm.tool_of_row
+        choose, held_ex, idxs, gdir = fm.choose, fm.held, fm.idxs, fm.dir
+        cs, hs = fm.scores([e.text for e in choose], keys), fm.scores([e.text for e in held_ex], keys)
         c_right, h_right = right_rows([e.positives for e in choose]), right_rows([e.positives for e in held_ex])
         # the exemplar pool as requests: every row, its own row left out
         row_right = right_rows([equivalents(r["tool"]) | {r["tool"]} for r in rows])

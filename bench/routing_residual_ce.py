@@ -28,7 +28,6 @@ fixed / broken, the cross-encoder's latency for k pairs on one thread, pooled CI
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -122,7 +121,7 @@ def main() -> int:
     from services.common.models import default_embedder_path
     from services.evals.data import equivalents
     from services.evals.routing import load_protocol, pool_line_draws, write_report
-    from services.evals.routing_models import train_cached
+    from services.evals.routing_models import load_fold
     from services.router.gate import ce_tool_text
     from services.router.training import (
         GateHyperParams,
@@ -164,16 +163,9 @@ def main() -> int:
 
     def one_fold(f: int) -> dict:
         """Train the fold's cross-encoder, choose alpha, route the held-out lines (into ``hits``)."""
-        train, idxs = proto.split(f)
-        gdir = train_cached(train, registry, hp, a.models_root, False, label=f"fold {f}", extra=extra,
-                            calibration=calib)
-        meta = json.loads((gdir / "gate.json").read_text())
-        w, temp = meta["slb"]["exemplar_weight"], meta["slb"].get("exemplar_temperature", 0.0)
-        gap, tau = meta["slb"].get("exemplar_gap", 0.0), meta["tau"]
-        qenc = SentenceTransformer(str(gdir / "query_encoder"), device="cpu")
-        rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
-        ex_v = np.load(gdir / "exemplars.npy").astype(np.float32)
-        tool_of_row = np.array([pos[r["tool"]] for r in rows])
+        fm = load_fold(proto, f, hp, a.models_root, extra, calib, calib_ex)
+        w, temp, gap, tau = fm.w, fm.temp, fm.gap, fm.meta["tau"]
+        gdir, idxs, rows, ex_v, tool_of_row = fm.dir, fm.idxs, fm.rows, fm.ex_v, fm.tool_of_row
         n_of_tool = np.bincount(tool_of_row, minlength=len(names))
         print(f"fold {f}: model {gdir.name}, w {w}, T {temp}, gap {gap:.3f}, tau {tau:.3f}, {len(rows)} exemplar rows",
               flush=True)
@@ -193,7 +185,7 @@ def main() -> int:
             cand = [pos[t]] + negs
             groups.append({"text": rows[i]["text"], "cand": cand, "scores": [float(loo[r, j]) for j in cand]})
         if calib_fit:  # unseen requests: full scores (no row to leave out)
-            cf = float_tool_scores(_encode_eval(qenc, [e.text for e in calib_fit]), keys, ex_v, tool_of_row, w, temp, gap)
+            cf = fm.scores([e.text for e in calib_fit], keys)
             for e, sc in zip(calib_fit, cf, strict=True):
                 right = {pos[n] for n in e.positives if n in pos}
                 negs = [int(j) for j in np.argsort(-sc)[: k + len(right)] if j not in right][: k - 1]
@@ -257,9 +249,8 @@ def main() -> int:
             return d["top"][int(np.argmax(d["s"] + alpha * d["ce"]))]
 
         # alpha on the model's validation + calibration lines (full registry), as calibrate_slb chooses it
-        examples = {e.id: e for e in make_examples(train, known, equivalents, hp.max_turns)}
-        choose = [examples[i] for i in meta["val_ids"]] + calib_ex
-        cs = float_tool_scores(_encode_eval(qenc, [e.text for e in choose]), keys, ex_v, tool_of_row, w, temp, gap)
+        choose = fm.choose
+        cs = fm.scores([e.text for e in choose], keys)
         cdec = [route(e.text, s) for e, s in zip(choose, cs, strict=True)]
         scale = 1.0 / beta if beta else 1.0
         grid = sorted({0.0, *(round(scale * m, 5) for m in (0.125, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))})
@@ -279,9 +270,8 @@ def main() -> int:
         print(f"escalated choosing lines ({len(esc_lines)}): SLB top-1 {100 * esc_slb:.1f} %, cross-encoder alone "
               f"{100 * esc_ce:.1f} %, right tool in the top {k}: {100 * esc_any:.1f} %", flush=True)
 
-        held = [lines[i] for i in idxs]
-        held_ex = make_examples(held, known, equivalents, hp.max_turns)
-        hs = float_tool_scores(_encode_eval(qenc, [e.text for e in held_ex]), keys, ex_v, tool_of_row, w, temp, gap)
+        held_ex = fm.held
+        hs = fm.scores([e.text for e in held_ex], keys)
         fold_sizes: dict[str, dict] = {}
         for s in sizes:
             ok_slb, ok_gate, ok_best, esc = [], [], [], []

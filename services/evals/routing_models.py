@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from services.evals.data import QueryLine, Registry, equivalents, load_queries
 from services.router.training import GateHyperParams, default_gate_dir, train_gate
@@ -75,3 +79,69 @@ def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, h
     calibration = [ln for ln in calibration if registry.server_of.get(ln.tool) != server]
     return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}",
                         extra=extra, calibration=calibration)
+
+
+@dataclass
+class FoldModel:
+    """One fold of the evaluation's protocol as the float-score benches read it: the fold's cached gate model
+    (``train_cached``), its query encoder and exemplar rows, the lines that choose a bench's parameters (the model's
+    validation lines + ``choose_extra``) and the fold's held-out lines (``idxs`` into the protocol's lines)."""
+
+    dir: Path
+    meta: dict[str, Any]
+    qenc: Any
+    rows: list[dict[str, Any]]
+    ex_v: np.ndarray
+    tool_of_row: np.ndarray
+    choose: list[Any]
+    held: list[Any]
+    idxs: list[int]
+
+    @property
+    def w(self) -> float:
+        return float(self.meta["slb"]["exemplar_weight"])
+
+    @property
+    def temp(self) -> float:
+        return float(self.meta["slb"].get("exemplar_temperature", 0.0))
+
+    @property
+    def gap(self) -> float:
+        return float(self.meta["slb"].get("exemplar_gap", 0.0))
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        from services.router.training import _encode_eval
+
+        return _encode_eval(self.qenc, list(texts))
+
+    def scores(self, texts: Sequence[str], keys: np.ndarray) -> np.ndarray:
+        """The SLB's float scores of ``texts`` over the tools of ``keys`` (no tool bias): ``float_tool_scores`` at
+        the model's calibrated exemplar weight, temperature and gap."""
+        from services.router.training import float_tool_scores
+
+        return float_tool_scores(self.embed(texts), keys, self.ex_v, self.tool_of_row, self.w, self.temp, self.gap)
+
+
+def load_fold(proto: Any, fold: int, hp: GateHyperParams, models_root: str, extra: Sequence[QueryLine] = (),
+              calibration: Sequence[QueryLine] = (), choose_extra: Sequence[Any] = ()) -> FoldModel:
+    """``FoldModel`` of ``fold`` of ``proto`` (a ``routing.Protocol``): trained once (cached) on the other folds +
+    ``extra``, calibrated on its validation lines + ``calibration``; ``choose_extra``: examples that join its
+    validation lines as the bench's choosing lines (usually the calibration lines' examples)."""
+    from sentence_transformers import SentenceTransformer
+
+    from services.router.training import make_examples
+
+    registry, known = proto.registry, set(proto.registry.names)
+    pos = {n: i for i, n in enumerate(registry.names)}
+    train, idxs = proto.split(fold)
+    gdir = train_cached(train, registry, hp, models_root, False, label=f"fold {fold}", extra=extra,
+                        calibration=calibration)
+    meta = json.loads((gdir / "gate.json").read_text())
+    rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
+    examples = {e.id: e for e in make_examples(train, known, equivalents, hp.max_turns)}
+    return FoldModel(dir=gdir, meta=meta, qenc=SentenceTransformer(str(gdir / "query_encoder"), device="cpu"),
+                     rows=rows, ex_v=np.load(gdir / "exemplars.npy").astype(np.float32),
+                     tool_of_row=np.array([pos[r["tool"]] for r in rows]),
+                     choose=[examples[i] for i in meta["val_ids"]] + list(choose_extra),
+                     held=make_examples([proto.lines[i] for i in idxs], known, equivalents, hp.max_turns),
+                     idxs=list(idxs))
