@@ -78,15 +78,18 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 # recalibrates it in place when the calibration changed). var/models/gate (the router's
 # default gate_model_dir) links to it.
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
-models: var/models/gate/gate.json var/models/slots/slots.json  ## train the router's gate + the engine's slot reader (once per machine; cached)
+models: var/models/slots/slots.json var/models/gate/gate.json  ## train the router's gate + the engine's slot reader (once per machine; cached)
 AUGMENT := $(wildcard data/routing_augment/*.jsonl)
 # held-out hand-written requests the SLB calibration reads beside the validation lines (never trained on):
 # a change recalibrates the cached model in place (~2 min), it does not retrain it
 CALIBRATION := $(wildcard data/routing_calibration/*.jsonl)
-var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) $(CALIBRATION) services/router/training.py
+# The gate's second stage reads the slot reader (services/router/argevidence.py): calibrated for it after training
+# (~3 min; kept while the reader and the SLB calibration stay the same).
+var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) $(CALIBRATION) services/router/training.py \
+		services/router/argevidence.py var/models/slots/slots.json
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
-		--calibration data/routing_calibration --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
+		--calibration data/routing_calibration --slots var/models/slots --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
 	ln -sfn $(MODEL_CACHE)/gate var/models/gate
 	touch $@
 

@@ -41,40 +41,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
+from services.router.argevidence import (  # noqa: E402
+    ALPHAS,
+    CLIP,
+    ESCALATE_Q,
+    FEATURES,
+    MIN_GAIN,
+    calibrate,
+    candidate_feature,
+    drop_shared,
+    margins,
+    read,
+    rerank,
+)
 
-FEATURES = ("req_min", "req_mean", "stated")
-ALPHAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
-ESCALATE_Q = (0.1, 0.2, 0.3)
-CLIP = 10.0
+# arm -> features over what tells the candidates apart only (parameters every candidate has are not read)
+VARIANTS = {"arg evidence": False, "arg evidence (distinct)": True}
 
-# one candidate's reader output: (parameter, required, score) per span parameter
-Reading = Sequence[tuple[str, bool, float]]
-
-
-def candidate_feature(reading: Reading, kind: str, threshold: float) -> float:
-    """The argument evidence of one candidate tool (see the module doc)."""
-    if kind == "stated":
-        return float(sum(s >= threshold for _, _, s in reading))
-    req = [max(-CLIP, min(CLIP, s)) / CLIP for _, r, s in reading if r]
-    if not req:
-        return 0.0
-    if kind == "req_min":
-        return float(min(req))
-    if kind == "req_mean":
-        return float(np.mean(req))
-    raise ValueError(f"unknown feature {kind!r}")
-
-
-def rerank(slb: np.ndarray, feats: np.ndarray, alpha: float) -> int:
-    """Index (into the candidates) of the pick by ``slb + alpha * feats``; ties go to the SLB's order."""
-    z = np.asarray(slb, np.float64) + alpha * np.asarray(feats, np.float64)
-    return int(np.argmax(z))
-
-
-def margins(scores: np.ndarray) -> np.ndarray:
-    """Top-1 minus top-2 score per row (-inf entries are tools outside the registry)."""
-    t = -np.sort(-scores, axis=1)[:, :2]
-    return t[:, 0] - t[:, 1]
+__all__ = ["ALPHAS", "CLIP", "ESCALATE_Q", "FEATURES", "ReaderCache", "candidate_feature", "margins", "rerank"]
 
 
 class ReaderCache:
@@ -86,20 +70,9 @@ class ReaderCache:
         self.line_seconds: list[float] = []
 
     def read(self, text: str, tools: Sequence[str]) -> list[list[tuple[str, bool, float]]]:
-        from services.engine.slots import slot_context, slot_params, slot_question
-
-        t0, fresh = time.perf_counter(), False
-        ctx, _ = slot_context(text)
-        for name in tools:
-            if (text, name) in self.cache:
-                continue
-            fresh = True
-            tool = self.by_name[name]
-            params = slot_params(tool)
-            req = set((tool.input_schema or {}).get("required") or [])
-            spans = self.model.score([slot_question(tool, n, p) for n, p in params], ctx, k=1) if params else []
-            self.cache[(text, name)] = [(n, n in req, float(s[0][2]) if s else -CLIP)
-                                        for (n, _), s in zip(params, spans, strict=True)]
+        t0, fresh = time.perf_counter(), [n for n in tools if (text, n) not in self.cache]
+        for name in fresh:
+            self.cache[(text, name)] = read(self.model, text, [self.by_name[name]], required_only=False)[0]
         if fresh:
             self.line_seconds.append(time.perf_counter() - t0)
         return [self.cache[(text, n)] for n in tools]
@@ -151,11 +124,12 @@ def main() -> int:
     cache = ReaderCache(reader, by_name)
     k = a.top_k
 
-    def features(text: str, top: np.ndarray) -> dict[str, np.ndarray]:
+    def features(text: str, top: np.ndarray, distinct: bool) -> tuple[dict[str, np.ndarray], list]:
         readings = cache.read(text, [names[j] for j in top])
-        return {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES}
+        readings = drop_shared(readings) if distinct else readings
+        return {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES}, readings
 
-    arms = ("none", "arg evidence")
+    arms = ("none", *VARIANTS)
     per_fold: dict[str, dict] = {}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in sizes} for arm in arms}
     for f in [int(x) for x in a.folds.split(",")]:
@@ -164,76 +138,77 @@ def main() -> int:
         bias = np.array([float(tb.get(n, 0.0)) for n in names], np.float32)
         cs = fm.scores([e.text for e in fm.choose], keys) + bias
         hs = fm.scores([e.text for e in fm.held], keys) + bias
-        c_ok = [np.array([names[j] in e.positives for j in range(len(names))]) for e in fm.choose]
-        cm = margins(cs)
-        thrs = {q: float(np.quantile(cm, q)) for q in ESCALATE_Q}
-        esc = np.where(cm < max(thrs.values()))[0]
-        ctop = {int(i): np.argsort(-cs[i], kind="stable")[:k] for i in esc}
-        cfeat = {i: features(fm.choose[i].text, top) for i, top in ctop.items()}
-        base_right = np.array([c_ok[i][int(np.argmax(cs[i]))] for i in range(len(cs))])
-        best = (float(base_right.mean()), "none", 0.0, 0.0)
-        grid = []
-        for q, thr in thrs.items():
-            for feat in FEATURES:
-                for alpha in ALPHAS:
-                    right = base_right.copy()
-                    for i, top in ctop.items():
-                        if cm[i] < thr:
-                            right[i] = c_ok[i][top[rerank(cs[i][top], cfeat[i][feat], alpha)]]
-                    acc = float(right.mean())
-                    grid.append({"q": q, "feature": feat, "alpha": alpha, "choose_top1": acc})
-                    if acc > best[0]:
-                        best = (acc, feat, alpha, thr)
-        c_acc, feat, alpha, thr = best
-        esc_c = [i for i in ctop if cm[i] < thr]
-        fold = {"model": fm.dir.name, "n": len(fm.idxs), "n_choose": len(fm.choose),
-                "choose_top1_none": float(base_right.mean()), "choose_top1": c_acc, "feature": feat,
-                "alpha": alpha, "threshold": thr, "choose_escalation_rate": len(esc_c) / len(cs),
-                "choose_escalated_slb_top1": float(np.mean([base_right[i] for i in esc_c])) if esc_c else None,
-                "grid": grid, "sizes": {}}
-        print(f"fold {f}: choose {100 * base_right.mean():.1f} -> {100 * c_acc:.1f} ({feat}, alpha {alpha}, "
-              f"threshold {thr:.4f}, escalating {100 * fold['choose_escalation_rate']:.1f} %)", flush=True)
+        row_of = {e.text: r for r, e in enumerate(fm.choose)}
+
+        def decide(text: str, n: int, cs=cs, row_of=row_of) -> list[tuple[str, float]]:
+            top = np.argsort(-cs[row_of[text]], kind="stable")[:n]
+            return [(names[j], float(cs[row_of[text]][j])) for j in top]
+
+        fold = {"model": fm.dir.name, "n": len(fm.idxs), "n_choose": len(fm.choose), "arms": {}}
+        chosen = {}
+        for arm, distinct in VARIANTS.items():
+            sec = calibrate(decide, fm.choose, by_name.get, reader, fm.meta, top_k=k, distinct=distinct)
+            chosen[arm] = sec
+            fold["arms"][arm] = {key: sec[key] for key in ("feature", "alpha", "tau", "quantile", "choose_top1_slb",
+                                                         "choose_top1", "choose_escalation_rate", "best_if_kept")}
+            fold["arms"][arm]["sizes"] = {}
+            print(f"fold {f} {arm}: choose {100 * sec['choose_top1_slb']:.1f} -> {100 * sec['choose_top1']:.1f} "
+                  f"({sec['feature']}, alpha {sec['alpha']}, tau {sec['tau']:.4f}, escalating "
+                  f"{100 * sec['choose_escalation_rate']:.1f} %)", flush=True)
         for s in sizes:
             row = {arm: [] for arm in arms}
-            n_esc, esc_right = 0, {arm: [] for arm in arms}
+            n_esc = {arm: 0 for arm in VARIANTS}
+            esc_right = {arm: {"none": [], "arm": []} for arm in VARIANTS}
+            reads = {arm: [] for arm in VARIANTS}
             for d, regs in enumerate(proto.draw_regs):
                 for r, i in enumerate(fm.idxs):
                     mask = np.zeros(len(names), bool)
                     mask[[pos[t] for t in regs[s][i] if t in pos]] = True
                     sc = np.where(mask, hs[r], -np.inf)
                     top = np.argsort(-sc, kind="stable")[:k]
-                    pick = {"none": int(top[0]), "arg evidence": int(top[0])}
                     m = float(margins(sc[None])[0])
-                    if feat != "none" and m < thr:
-                        n_esc += 1
-                        pick["arg evidence"] = int(top[rerank(sc[top], features(fm.held[r].text, top)[feat], alpha)])
+                    pick = {arm: int(top[0]) for arm in arms}
+                    for arm, distinct in VARIANTS.items():
+                        sec = chosen[arm]
+                        if sec["feature"] != "none" and m < sec["tau"]:
+                            feats, readings = features(fm.held[r].text, top, distinct)
+                            pick[arm] = int(top[rerank(sc[top], feats[sec["feature"]], sec["alpha"])[0]])
+                            n_esc[arm] += 1
+                            reads[arm].append(sum(len([x for x in rd if sec["feature"] == "stated" or x[1]])
+                                                  for rd in readings))
+                            esc_right[arm]["none"].append(names[top[0]] in fm.held[r].positives)
+                            esc_right[arm]["arm"].append(names[pick[arm]] in fm.held[r].positives)
                     for arm in arms:
                         ok = names[pick[arm]] in fm.held[r].positives
                         row[arm].append(ok)
                         hits[arm][s][f"{lines[i].id}#{d}"] = ok
-                        if feat != "none" and m < thr:
-                            esc_right[arm].append(ok)
-            fold["sizes"][s] = {"top1": {arm: float(np.mean(v)) for arm, v in row.items()},
-                                "escalation_rate": n_esc / max(1, len(row["none"])),
-                                "escalated_top1": {arm: (float(np.mean(v)) if v else None)
-                                                   for arm, v in esc_right.items()}}
-            e = fold["sizes"][s]
-            print(f"fold {f} N={s}: none {100 * e['top1']['none']:.1f} | arg evidence "
-                  f"{100 * e['top1']['arg evidence']:.1f} | escalated {100 * e['escalation_rate']:.1f} %", flush=True)
+            for arm in VARIANTS:
+                fold["arms"][arm]["sizes"][s] = {
+                    "top1_none": float(np.mean(row["none"])), "top1": float(np.mean(row[arm])),
+                    "escalation_rate": n_esc[arm] / max(1, len(row["none"])),
+                    "escalated_top1_none": float(np.mean(esc_right[arm]["none"])) if n_esc[arm] else None,
+                    "escalated_top1": float(np.mean(esc_right[arm]["arm"])) if n_esc[arm] else None,
+                    "questions_per_escalation_mean": float(np.mean(reads[arm])) if reads[arm] else None}
+            print(f"fold {f} N={s}: none {100 * np.mean(row['none']):.1f} | " + " | ".join(
+                f"{arm} {100 * np.mean(row[arm]):.1f} (escalated {100 * n_esc[arm] / len(row['none']):.1f} %, "
+                f"{np.mean(reads[arm]) if reads[arm] else 0:.1f} questions)" for arm in VARIANTS), flush=True)
         per_fold[str(f)] = fold
 
     pooled, paired = pool_line_draws(hits, "none")
     secs = np.array(cache.line_seconds) if cache.line_seconds else np.zeros(1)
-    escalation = {s: float(np.mean([per_fold[f]["sizes"][s]["escalation_rate"] for f in per_fold])) for s in sizes}
+    escalation = {arm: {s: float(np.mean([per_fold[f]["arms"][arm]["sizes"][s]["escalation_rate"] for f in per_fold]))
+                        for s in sizes} for arm in VARIANTS}
+    questions = {arm: {s: float(np.mean([per_fold[f]["arms"][arm]["sizes"][s]["questions_per_escalation_mean"] or 0
+                                         for f in per_fold])) for s in sizes} for arm in VARIANTS}
     report = {"folds": [int(x) for x in a.folds.split(",")], "n": sum(v["n"] for v in per_fold.values()),
               "draws": a.draws, "top_k": k, "grids": {"features": list(FEATURES), "alphas": list(ALPHAS),
-                                                       "escalate_quantiles": list(ESCALATE_Q), "clip": CLIP},
+                                                       "escalate_quantiles": list(ESCALATE_Q), "clip": CLIP,
+                                                       "min_gain": MIN_GAIN},
               "reader": {"path": a.slots, "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),
-                         "ms_per_escalated_line_p50": round(1000 * float(np.median(secs)), 1),
-                         "ms_per_escalated_line_p99": round(1000 * float(np.quantile(secs, 0.99)), 1),
+                         "ms_per_uncached_line_all_params_p50": round(1000 * float(np.median(secs)), 1),
                          "threads": 1},
+              "escalation_rate_mean_over_folds": escalation, "questions_per_escalation_mean_over_folds": questions,
               "calibration": {"source": a.calibration, "n_lines": len(calib)}, "per_fold": per_fold,
-              "escalation_rate_mean_over_folds": escalation,
               "pooled": pooled, "paired_vs_none_line_draws": paired, "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's folds and registries (seed 0, --draws draws); feature, alpha and escalation "
                           "threshold chosen per fold on the model's validation + calibration lines; float cosine "

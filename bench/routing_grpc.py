@@ -9,9 +9,12 @@ waits for SERVING, then sends every query line to each arm in turn (interleaved 
 order alternating, ``--repeats`` passes), and reports client-side round-trip latency percentiles, the
 server-measured ``route_ms`` and the escalation rate per arm, the ratio of their p50s, and a PNG of the
 latency distributions. Arms (``--arms``): ``model`` (the gate model as calibrated: exemplar keys at its
-validation-chosen weight) and ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
-over 338 rows instead of ~5,000). Latency only: the gate model in use was trained on these lines, so accuracy
-here would not be held-out (see ``nexus eval routing``).
+validation-chosen weight, the argument-evidence stage on escalated requests with the ``--slots`` reader), ``text``
+(the same model with ``exemplar_weight = 0``: text keys only, the scan over 338 rows instead of ~5,000) and ``slb``
+(the model without a second stage: no slot reader). Latency only: the production gate model trained on
+train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
+routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
+gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from pathlib import Path
 
 # arm -> extra router environment
-ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}}
+ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "slb": {"NEXUS_ROUTER_SLOTS_MODEL_DIR": ""}}
 
 
 def free_port() -> int:
@@ -43,10 +46,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def start_router(store: str, port: int, gate: str, threads: int, extra_env: dict[str, str], log_path: Path):
+def start_router(store: str, port: int, gate: str, threads: int, extra_env: dict[str, str], log_path: Path,
+                 slots: str = ""):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                NEXUS_ROUTER_GATE_MODEL_DIR=str(Path(gate).resolve()), NEXUS_ROUTER_TORCH_THREADS=str(threads),
-               NEXUS_ROUTER_METRICS_PORT="0", NEXUS_ROUTER_LOG_LEVEL="INFO", **extra_env)
+               NEXUS_ROUTER_SLOTS_MODEL_DIR=str(Path(slots).resolve()) if slots else "",
+               NEXUS_ROUTER_METRICS_PORT="0", NEXUS_ROUTER_LOG_LEVEL="INFO")
+    env.update(extra_env)  # an arm's settings win
     return subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "router", "--port", str(port),
                              "--store", store], env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
 
@@ -77,6 +83,7 @@ def summarize(rtt: list[float], server_ms: list[float], esc: list[bool], log_tex
     return {
         "query_encoder_backend": backend, "n_requests": len(rtt),
         "exemplar_keys_loaded": "exemplar keys loaded" in log_text,
+        "argument_evidence_loaded": "argument evidence loaded" in log_text,
         "rtt_ms_p50": pct(rtt, 50), "rtt_ms_p90": pct(rtt, 90), "rtt_ms_p99": pct(rtt, 99), "rtt_ms_max": max(rtt),
         "server_route_ms_p50": pct(server_ms, 50), "server_route_ms_p99": pct(server_ms, 99),
         "escalation_rate": sum(esc) / len(esc),
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", required=True)
     ap.add_argument("--queries", required=True)
     ap.add_argument("--gate", default="var/models/gate")
+    ap.add_argument("--slots", default="var/models/slots", help="slot reader of the argument-evidence stage")
     ap.add_argument("--json", default="reports/routing_grpc.json")
     ap.add_argument("--limit", type=int, default=0, help="lines to send (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="router torch threads")
@@ -140,10 +148,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from nexus.v1 import common_pb2, router_pb2, router_pb2_grpc
     from services.common.store import LocalStore
-    from services.evals.data import load_queries, load_registry
+    from services.evals.data import load_registry
+    from services.evals.routing_models import load_augment
 
     registry = load_registry(args.tools)
-    lines = load_queries(args.queries)
+    lines = load_augment(args.queries)
     if args.limit:
         lines = lines[: args.limit]
 
@@ -158,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in arms:  # one after the other: both would embed the same missing keys into the store
                 logs[arm] = Path(tmp) / f"{arm}.log"
                 port = free_port()
-                procs[arm] = start_router(tmp, port, args.gate, args.threads, ARMS[arm], logs[arm])
+                procs[arm] = start_router(tmp, port, args.gate, args.threads, ARMS[arm], logs[arm], args.slots)
                 ch = grpc.insecure_channel(f"127.0.0.1:{port}")
                 wait_serving(ch, procs[arm], logs[arm])
                 stubs[arm] = router_pb2_grpc.RouterServiceStub(ch)
@@ -192,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_1m_at_end": os.getloadavg()[0],
         "cpus": os.cpu_count(),
     }
-    if len(arms) == 2:
-        a, b = arms
+    a = arms[0]
+    for b in arms[1:]:  # the first arm against each other one
         rep[f"p50_ratio_{a}_over_{b}"] = rep["arms"][a]["rtt_ms_p50"] / rep["arms"][b]["rtt_ms_p50"]
         rep[f"p99_ratio_{a}_over_{b}"] = rep["arms"][a]["rtt_ms_p99"] / rep["arms"][b]["rtt_ms_p99"]
     out = Path(args.json)

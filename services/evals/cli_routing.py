@@ -52,6 +52,19 @@ def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
                         "this checkout; '' = validation lines only)")
 
 
+def _add_slots_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--slots", default="var/models/slots",
+                   help=f"slot reader (`nexus train-slots`) whose argument evidence {what} "
+                        "(services/router/argevidence.py; default: var/models/slots; '' = none)")
+
+
+def _check_slots(path: str) -> None:
+    from services.engine.slots import SlotModel
+
+    if path and not SlotModel.exists(path):
+        raise SystemExit(f"no slot reader at {path}: train one (`make models` / `nexus train-slots`) or pass --slots ''")
+
+
 def _add_hp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="split/shuffle/init seed (training is deterministic for it)")
     p.add_argument("--q-epochs", dest="q_epochs", type=int, help="query-encoder epochs (default 3)")
@@ -92,18 +105,20 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_calibration_arg(p)
+    _add_slots_arg(p, "each gate model's second stage is calibrated for and routes with")
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:
         from services.evals.routing import evaluate
 
+        _check_slots(args.slots)
         t0 = time.time()
         rep = evaluate(args.queries, args.tools, args.sizes, args.out, seed=args.seed, folds=args.folds,
                        holdout_server=args.holdout_server, concat_limit=args.concat_limit,
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
                        concat_from=args.concat_from, augment=args.augment, calibration=args.calibration,
-                       draws=args.draws)
+                       draws=args.draws, slots=args.slots)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],
@@ -127,6 +142,7 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_calibration_arg(p)
+    _add_slots_arg(p, "the model's second stage is calibrated for (after training; kept when current)")
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -136,19 +152,27 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
         import logging
 
         from services.evals.data import equivalents, load_queries, load_registry
-        from services.evals.routing_models import load_augment
+        from services.evals.routing_models import calibrate_arg_evidence, load_augment
         from services.router.training import train_gate
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         lines = load_queries(args.queries)
         registry = load_registry(args.tools)
         t0 = time.time()
+        _check_slots(args.slots)
+        calibration = load_augment(args.calibration)
         doc = train_gate(lines, registry.tools, args.out, _hp_from_args(args), equivalents=equivalents,
                          progress=not args.quiet, force=args.force, extra=load_augment(args.augment),
-                         calibration=load_augment(args.calibration))
+                         calibration=calibration)
+        if args.slots:
+            doc["arg_evidence"] = calibrate_arg_evidence(args.out, lines, registry, calibration, args.slots,
+                                                         progress=not args.quiet)
         keys = ("tau", "alpha", "ce_top_k", "n_fit", "n_fit_extra", "n_val", "val_gated_accuracy", "val_escalation_rate",
                 "train_seconds", "data_hash")
-        print(json.dumps({k: doc.get(k) for k in keys} | {"out": args.out, "seconds": round(time.time() - t0)},
+        ae = {k: v for k, v in (doc.get("arg_evidence") or {}).items()
+              if k in ("feature", "alpha", "tau", "choose_top1_slb", "choose_top1", "choose_escalation_rate")}
+        print(json.dumps({k: doc.get(k) for k in keys} | {"arg_evidence": ae or None, "out": args.out,
+                                                           "seconds": round(time.time() - t0)},
                          indent=2), file=sys.stdout)
         return 0
 

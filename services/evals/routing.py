@@ -203,12 +203,13 @@ def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed:
     return Protocol(registry, lines, size_list, assign_folds(lines, folds, seed), regs[0], regs)
 
 
-def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0):
+def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0,
+                 slots: str = ""):
     from services.router.config import RouterConfig
     from services.router.router import Router
 
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir or ""), torch_threads=threads,
-                       exemplar_weight=exemplar_weight)
+                       exemplar_weight=exemplar_weight, slots_model_dir=slots)
     router = Router(cfg, store, embedder)
     asyncio.run(router.sync(force=True))
     return router
@@ -471,7 +472,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
-             augment: str = "", calibration: str = "", draws: int = 1) -> dict[str, Any]:
+             augment: str = "", calibration: str = "", draws: int = 1, slots: str = "") -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
 
     prepare_training_env()
@@ -494,10 +495,10 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     if clash:
         raise ValueError(f"{len(clash)} calibration line ids are also query or augment ids (e.g. {min(clash)})")
     fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress, extra=extra,
-                            calibration=calib)
+                            calibration=calib, slots=slots)
     servers = registry.servers()
     hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress, extra=extra,
-                             calibration=calib) \
+                             calibration=calib, slots=slots) \
         if holdout_server and holdout_server in servers else None
 
     embedder = Embedder("")
@@ -508,7 +509,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
         fold_meta = []
         with tqdm(total=len(lines), desc="routing (held-out folds)", disable=not progress) as bar:
             for f, gdir in enumerate(fold_dirs):
-                router = _open_router(store, embedder, gdir, exemplar_weight=exemplar_weight)
+                router = _open_router(store, embedder, gdir, exemplar_weight=exemplar_weight, slots=slots)
                 if router.gate is None:
                     raise RuntimeError(f"gate model {gdir} did not load")
                 idxs = [i for i, g in enumerate(fold_of) if g == f]
@@ -524,7 +525,10 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                   "cross_encoder_best_epoch": meta["cross_encoder"]["best_epoch"],
                                   "slb": {**{k: v for k, v in (meta.get("slb") or {}).items()
                                              if k not in ("by_setting", "tool_bias")},
-                                          "n_biased_tools": len((meta.get("slb") or {}).get("tool_bias") or {})}})
+                                          "n_biased_tools": len((meta.get("slb") or {}).get("tool_bias") or {})},
+                                  "arg_evidence": {k: v for k, v in (meta.get("arg_evidence") or {}).items()
+                                                   if k != "grid"} or None,
+                                  "arg_evidence_active": router.arg_evidence is not None})
         base = base_slb_summary(embedder, router, lines, regs)
         def by_draw(recs: dict[tuple[str, int], list[dict[str, Any]]], size: str, keep=lambda r: True):
             return [sorted((r for r in recs[size, d] if keep(r)), key=lambda r: r["i"]) for d in range(draws)]
@@ -533,7 +537,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
         generalization = None
         if hold_dir is not None:
-            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight)
+            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight, slots=slots)
             idxs = [i for i, ln in enumerate(lines) if registry.server_of[ln.tool] == holdout_server]
             held = route_lines(router, lines, all_regs, idxs)
             in_dist = {s: summarize_draws(by_draw(records, s, lambda r: registry.server_of[r["tool"]] == holdout_server),

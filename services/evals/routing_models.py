@@ -47,38 +47,88 @@ def load_augment(path: str | Path) -> list[QueryLine]:
 
 def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperParams, models_root: str,
                  progress: bool = True, label: str = "", extra: Sequence[QueryLine] = (),
-                 calibration: Sequence[QueryLine] = ()) -> Path:
+                 calibration: Sequence[QueryLine] = (), slots: str = "") -> Path:
     """The gate model of ``lines`` + ``extra`` under ``models_root`` (trained once per data hash), calibrated on
-    its validation lines + ``calibration`` (a cached model is recalibrated in place when that set changed)."""
+    its validation lines + ``calibration`` (a cached model is recalibrated in place when that set changed);
+    ``slots``: a slot reader to calibrate the argument-evidence stage for (``calibrate_arg_evidence``)."""
     out = default_gate_dir(lines, registry.tools, hp, root=models_root, equivalents=equivalents, extra=extra)
     if label:
         log.info("gate model for %s: %s", label, out)
     train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress, extra=extra,
                calibration=calibration)
+    if slots:
+        calibrate_arg_evidence(out, lines, registry, calibration, slots, progress=progress)
     return out
+
+
+def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
+                           calibration: Sequence[QueryLine], slots: str, progress: bool = False,
+                           force: bool = False) -> dict[str, Any]:
+    """Choose the gate model's argument-evidence stage (``services.router.argevidence.calibrate``) for the slot
+    reader at ``slots`` on the model's validation lines (ids in gate.json, drawn from its training ``lines``) +
+    ``calibration``, ranked by a real router over the whole ``registry``; stored in gate.json. Kept as it is when
+    gate.json already holds a choice for this reader and SLB calibration, unless ``force``."""
+    import tempfile
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.engine.slots import SlotModel
+    from services.evals.routing import _open_router
+    from services.router import argevidence
+    from services.router.training import make_examples
+
+    if not SlotModel.exists(slots):
+        raise FileNotFoundError(f"no slot reader at {slots}: train one with `nexus train-slots` (make models)")
+    reader = SlotModel(slots, threads=1)
+    meta = json.loads((Path(gate_dir) / "gate.json").read_text())
+    if not force and argevidence.is_current(meta, reader):
+        log.info("gate model %s: argument evidence is current (%s)", gate_dir, meta["arg_evidence"]["feature"])
+        return meta["arg_evidence"]
+    known, max_turns = set(registry.names), int(meta.get("max_turns", 4))
+    examples = {e.id: e for e in make_examples(lines, known, equivalents, max_turns)}
+    missing = [i for i in meta.get("val_ids", []) if i not in examples]
+    if missing:
+        raise ValueError(f"{len(missing)} validation ids of {gate_dir} are not among the given lines (e.g. "
+                         f"{missing[0]}): pass the lines the model was trained on")
+    choose = [examples[i] for i in meta.get("val_ids", [])] + make_examples(calibration, known, equivalents, max_turns)
+    by_name = {t.name: t for t in registry.tools}
+    with tempfile.TemporaryDirectory(prefix="nexus-arg-evidence-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(registry.tools))
+        router = _open_router(store, Embedder(""), gate_dir, slots="")  # the SLB as the router ranks, no 2nd stage
+
+        def decide(text: str, n: int) -> list[tuple[str, float]]:
+            return router.decide(text, n).slb_candidates[:n]
+
+        section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress)
+    argevidence.write(gate_dir, section)
+    log.info("gate model %s: argument evidence %s (alpha %s, tau %.4f): choosing top-1 %.3f -> %.3f, escalating "
+             "%.1f %%", gate_dir, section["feature"], section["alpha"], section["tau"], section["choose_top1_slb"],
+             section["choose_top1"], 100 * section["choose_escalation_rate"])
+    return section
 
 
 def fold_models(lines: Sequence[QueryLine], folds: Sequence[int], k: int, registry: Registry,
                 hp: GateHyperParams, models_root: str, progress: bool = True,
-                extra: Sequence[QueryLine] = (), calibration: Sequence[QueryLine] = ()) -> list[Path]:
+                extra: Sequence[QueryLine] = (), calibration: Sequence[QueryLine] = (), slots: str = "") -> list[Path]:
     out = []
     for f in range(k):
         train = [ln for ln, g in zip(lines, folds, strict=True) if g != f]
         out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}", extra=extra,
-                                calibration=calibration))
+                                calibration=calibration, slots=slots))
     return out
 
 
 def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, hp: GateHyperParams,
                   models_root: str, progress: bool = True, extra: Sequence[QueryLine] = (),
-                  calibration: Sequence[QueryLine] = ()) -> Path:
+                  calibration: Sequence[QueryLine] = (), slots: str = "") -> Path:
     """Trained and calibrated without any line of ``server`` (its augment and calibration lines included): tools
     the router never saw."""
     train = [ln for ln in lines if registry.server_of.get(ln.tool) != server]
     extra = [ln for ln in extra if registry.server_of.get(ln.tool) != server]
     calibration = [ln for ln in calibration if registry.server_of.get(ln.tool) != server]
     return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}",
-                        extra=extra, calibration=calibration)
+                        extra=extra, calibration=calibration, slots=slots)
 
 
 @dataclass

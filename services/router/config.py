@@ -33,6 +33,9 @@ class RouterConfig(TransportSecurity):
     # Trained gate model (query encoder + cross-encoder + tau), from `nexus train-gate` / `make models`.
     # Missing or unreadable: routing is SLB-only over base embeddings and never escalates (logged).
     gate_model_dir: str = "var/models/gate"
+    # Slot reader (services/engine/slots.py, `nexus train-slots`) for the gate's argument-evidence stage
+    # (services/router/argevidence.py): used when the gate model holds a calibration for this reader; empty = off.
+    slots_model_dir: str = "var/models/slots"
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the

@@ -17,6 +17,8 @@ from services.common.tools import Tool, parse_tool
 from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import decode_embedding, embedding_key, encode_embedding
 from services.compiler.signature import signature
+from services.router import argevidence
+from services.router.argevidence import ArgEvidence
 from services.router.config import RouterConfig
 from services.router.context import routing_text as _routing_text
 from services.router.gate import GateModel, ce_tool_text, fuse, load_gate, set_threads
@@ -43,8 +45,9 @@ class RouteDecision:
     candidates: list[tuple[str, float]]
     route_ms: float
     registry_version: int
-    # How the decision was made: "auto" (margin >= tau), "escalated" (cross-encoder re-ranked the top
-    # candidates), "slb-only" (no gate model loaded: escalation disabled).
+    # How the decision was made: "auto" (margin >= tau), "escalated" (the second stage re-ranked the top
+    # candidates: the cross-encoder, or the argument evidence of services.router.argevidence), "slb-only" (no gate
+    # model loaded: escalation disabled).
     gate: str = "auto"
     # The SLB's own ranking (before any re-ranking), best first; the evaluation reads it.
     slb_candidates: list[tuple[str, float]] = field(default_factory=list)
@@ -90,6 +93,7 @@ class Router:
         self._ce_texts: dict[str, str] = {}
         self._lexical: tuple[list[str], LexicalIndex] | None = None
         self._sync_lock = asyncio.Lock()
+        self.arg_evidence: ArgEvidence | None = self._load_arg_evidence()
         if self.gate is not None:
             info = self.gate.info
             log.info("gate model loaded", extra={"path": info.path, "tau": info.tau, "alpha": info.alpha,
@@ -98,9 +102,10 @@ class Router:
             # warm both models so the first request does not pay for lazy initialisation
             self.gate.embed_query("warm up")
             self.gate.ce_scores("warm up", ["warm up"])
-            if info.alpha <= 0:
+            if info.alpha <= 0 and self.arg_evidence is None:
                 log.warning("gate model %s: validation gave the cross-encoder weight alpha=0, so it never changes a "
-                            "decision; escalation is off (SLB with the tuned query encoder only)", info.path)
+                            "decision, and there is no calibrated argument evidence; escalation is off (SLB with the "
+                            "tuned query encoder only)", info.path)
             if self.exemplar_weight:
                 keys = self.gate.exemplar_keys()
                 self.index.set_exemplars(keys)
@@ -117,6 +122,23 @@ class Router:
                                                         "biased_tools": len(bias),
                                                         "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
+
+    def _load_arg_evidence(self) -> ArgEvidence | None:
+        """The gate model's calibrated argument-evidence stage with the configured slot reader, or None (no gate,
+        no reader, nothing calibrated for them: logged)."""
+        if self.gate is None or not self.config.slots_model_dir or not self.gate.info.meta.get("arg_evidence"):
+            return None
+        if self.gate.info.alpha > 0:  # the cross-encoder earned the second stage: it keeps it
+            return None
+        from services.engine.slots import load_slots
+
+        ae = argevidence.from_gate(self.gate.info.meta, load_slots(self.config.slots_model_dir,
+                                                                     threads=self.config.torch_threads))
+        if ae is not None:
+            ae.reader.score(["warm up"], "warm up")
+            log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
+                                                        "top_k": ae.top_k, "reader": self.config.slots_model_dir})
+        return ae
 
     def _exemplar_weight(self) -> float:
         """The configured exemplar weight, or (negative, the default) the gate model's validation-chosen one."""
@@ -287,7 +309,8 @@ class Router:
         restricts the candidates to a subset of the index (the evaluation's per-query registries)."""
         t0 = time.perf_counter() if t0 is None else t0
         gate = self.gate
-        n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0)
+        ae = self.arg_evidence
+        n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0, ae.top_k if ae is not None else 0)
         qvec = self.embed_request(text)
         slb = self.index.search(qvec, n_slb, allowed=allowed, bonus=self._lexical_bonus(text))
         if not slb:
@@ -302,6 +325,12 @@ class Router:
             fused = fuse(np.array([s for _, s in top], np.float32), logits, gate.info.alpha)
             order = np.argsort(-fused, kind="stable")
             final = [(top[i][0], float(fused[i])) for i in order] + list(slb[gate.info.ce_top_k:])
+            mode = "escalated"
+        elif ae is not None and len(slb) > 1 and margin < ae.tau:
+            top = slb[: ae.top_k]
+            tools = self.view.tools
+            order = ae.order(text, top, lambda n: tools[n].tool if n in tools else None)
+            final = [top[i] for i in order] + list(slb[ae.top_k:])
             mode = "escalated"
         return RouteDecision(
             tool=final[0][0],

@@ -1,0 +1,257 @@
+"""The margin gate's second stage: argument-level evidence from the slot reader.
+
+The data's close neighbours differ in what a request *states* rather than in what it is about: a namespace
+(``pods_list`` vs ``pods_list_in_namespace``), a local path (``git_*`` vs GitHub), a CSS selector vs a snapshot ref,
+an id (get vs list). Cross-encoders over name + description stayed at chance on the lines the gate escalates
+(reports/routing_experiments.md §18). The engine's slot reader (``services/engine/slots.py``: a MiniLM
+question-answering cross-encoder fine-tuned from the all-MiniLM-L6-v2 weights on the augment lines) answers, per
+parameter of a tool, "where does the request state it?" with a score (best-span logit minus "not stated"). On an
+escalated request the router reads the parameters of its SLB's top ``top_k`` candidates and re-ranks them by
+
+    slb_score + alpha * feature(candidate)
+
+with ``feature`` one of
+
+* ``req_min``: the weakest of the candidate's required span parameters' scores, clipped to +-``CLIP`` and scaled to
+  +-1 (0 when it requires none): a tool whose required argument the request does not state loses;
+* ``req_mean``: their mean;
+* ``stated``: how many of its span parameters (required or not) the reader finds stated (score above its threshold).
+
+``calibrate`` chooses the feature, ``alpha`` and the escalation threshold ``tau`` (a quantile of the choosing lines'
+SLB margins, as the router computes them) on the gate model's validation + calibration lines, keeping the second
+stage only when it gains ``MIN_GAIN`` top-1 over the SLB alone. The choice lives in ``gate.json`` under
+``arg_evidence`` with the reader it was made for and the SLB calibration it was made under; a router whose reader or
+gate differs ignores it (logged) and does not escalate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from services.common.tools import Tool
+
+log = logging.getLogger("nexus.router.argevidence")
+
+ARG_EVIDENCE_VERSION = "arg-evidence-v1"
+FEATURES = ("req_min", "req_mean", "stated")
+ALPHAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+ESCALATE_Q = (0.1, 0.2, 0.3)
+CLIP = 10.0
+TOP_K = 4
+# the product reads only what tells the candidates apart (``drop_shared``): as accurate on the held-out lines as
+# reading every parameter (bench/routing_arg_evidence.py: N = 250 91.5 vs 91.6 %) with 30-45 % fewer questions, and
+# the reader's time is the escalated request's latency
+DISTINCT = True
+# top-1 the second stage must gain on the choosing lines to be kept (0.5 points: ~7 of ~1,450 lines; it costs a
+# reader pass per escalated request). bench/routing_arg_evidence.py: +0.7 / +1.2 / +1.1 on the folds' choosing
+# lines, each confirmed on their held-out lines.
+MIN_GAIN = 0.005
+
+# one candidate's reading: (parameter, required, score) per span parameter read
+Reading = Sequence[tuple[str, bool, float]]
+
+
+def candidate_feature(reading: Reading, kind: str, threshold: float) -> float:
+    """The argument evidence of one candidate tool (see the module doc)."""
+    if kind == "stated":
+        return float(sum(s >= threshold for _, _, s in reading))
+    req = [max(-CLIP, min(CLIP, s)) / CLIP for _, r, s in reading if r]
+    if kind not in ("req_min", "req_mean"):
+        raise ValueError(f"unknown argument-evidence feature {kind!r} (expected one of {FEATURES})")
+    if not req:
+        return 0.0
+    return float(min(req)) if kind == "req_min" else float(np.mean(req))
+
+
+def rerank(slb: np.ndarray, feats: np.ndarray, alpha: float) -> np.ndarray:
+    """The candidates' order by ``slb + alpha * feats``, best first (ties keep the SLB's order)."""
+    z = np.asarray(slb, np.float64) + alpha * np.asarray(feats, np.float64)
+    return np.argsort(-z, kind="stable")
+
+
+def margins(scores: np.ndarray) -> np.ndarray:
+    """Top-1 minus top-2 score per row (-inf entries are tools outside the registry)."""
+    t = -np.sort(-scores, axis=1)[:, :2]
+    return t[:, 0] - t[:, 1]
+
+
+def reader_key(reader) -> dict[str, Any]:
+    """What identifies a slot reader's scores: its training data and threshold."""
+    return {"data_hash": reader.meta.get("data_hash"), "threshold": float(reader.threshold),
+            "format": reader.meta.get("format")}
+
+
+def slb_key(meta: dict[str, Any]) -> dict[str, Any]:
+    """What identifies the SLB scoring of a gate model: its data and its SLB calibration."""
+    slb = meta.get("slb") or {}
+    bias = json.dumps(slb.get("tool_bias") or {}, sort_keys=True)
+    return {"data_hash": meta.get("data_hash"), "slb_version": slb.get("version"),
+            "calibration_hash": slb.get("calibration_hash", ""),
+            "tool_bias": hashlib.sha256(bias.encode()).hexdigest()[:16]}
+
+
+def shared_names(param_names: Sequence[Sequence[str] | None]) -> set[str]:
+    """The parameter names every candidate has (None: a tool that is gone; ignored). With fewer than two
+    candidates nothing is shared."""
+    sets = [set(p) for p in param_names if p is not None]
+    return set.intersection(*sets) if len(sets) > 1 else set()
+
+
+def drop_shared(readings: Sequence[Reading]) -> list[list[tuple[str, bool, float]]]:
+    """``readings`` without the parameters every candidate has: what tells the candidates apart."""
+    shared = shared_names([[n for n, _, _ in r] for r in readings])
+    return [[x for x in r if x[0] not in shared] for r in readings]
+
+
+def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
+         distinct: bool = False) -> list[list[tuple[str, bool, float]]]:
+    """The reader's score of every span parameter of each tool (``required_only``: its required ones) in ``text``:
+    one batch. A tool that is None (unregistered meanwhile) reads as no parameters. ``distinct``: parameters every
+    tool has (by name, e.g. owner and repo of GitHub twins) are not read (``drop_shared``)."""
+    from services.engine.slots import slot_context, slot_params, slot_question
+
+    ctx, _ = slot_context(text)
+    params = [slot_params(t) if t is not None else None for t in tools]
+    shared = shared_names([[n for n, _ in p] if p is not None else None for p in params]) if distinct else set()
+    questions: list[str] = []
+    owners: list[tuple[int, str, bool]] = []
+    for j, tool in enumerate(tools):
+        if tool is None:
+            continue
+        req = set((tool.input_schema or {}).get("required") or [])
+        for name, prop in params[j]:
+            if (required_only and name not in req) or name in shared:
+                continue
+            questions.append(slot_question(tool, name, prop))
+            owners.append((j, name, name in req))
+    out: list[list[tuple[str, bool, float]]] = [[] for _ in tools]
+    spans = reader.score(questions, ctx, k=1) if questions else []
+    for (j, name, req), s in zip(owners, spans, strict=True):
+        out[j].append((name, req, float(s[0][2]) if s else -CLIP))
+    return out
+
+
+@dataclass(frozen=True)
+class ArgEvidence:
+    """A calibrated second stage: the reader and the choice ``calibrate`` made."""
+
+    reader: Any
+    feature: str
+    alpha: float
+    tau: float
+    top_k: int = TOP_K
+    distinct: bool = False  # only the parameters that not every candidate has are read (``drop_shared``)
+
+    def features(self, text: str, tools: Sequence[Tool | None]) -> np.ndarray:
+        readings = read(self.reader, text, tools, required_only=self.feature != "stated", distinct=self.distinct)
+        return np.array([candidate_feature(r, self.feature, self.reader.threshold) for r in readings], np.float64)
+
+    def order(self, text: str, slb: Sequence[tuple[str, float]], tool_of: Callable[[str], Tool | None]) -> np.ndarray:
+        """The re-ranked order of ``slb`` (the top ``top_k`` (name, score) candidates)."""
+        feats = self.features(text, [tool_of(n) for n, _ in slb])
+        return rerank(np.array([s for _, s in slb]), feats, self.alpha)
+
+
+def from_gate(meta: dict[str, Any], reader) -> ArgEvidence | None:
+    """The second stage ``meta`` (a gate.json) chose, when it chose one for this ``reader`` under its own SLB
+    calibration; else None (logged when it is stale)."""
+    doc = meta.get("arg_evidence")
+    if not doc or reader is None:
+        return None
+    if doc.get("version") != ARG_EVIDENCE_VERSION:
+        log.warning("gate.json arg_evidence is of version %s, not %s: no escalation (run `nexus calibrate-arg-evidence`)",
+                    doc.get("version"), ARG_EVIDENCE_VERSION)
+        return None
+    if doc.get("reader") != reader_key(reader) or doc.get("slb") != slb_key(meta):
+        log.warning("gate.json arg_evidence was calibrated for another slot reader or SLB calibration: no escalation "
+                    "(run `nexus calibrate-arg-evidence`)")
+        return None
+    if doc.get("feature") in (None, "none"):
+        return None
+    alpha, tau = float(doc["alpha"]), float(doc["tau"])
+    if doc["feature"] not in FEATURES or not (np.isfinite(alpha) and np.isfinite(tau)) or alpha <= 0:
+        log.error("gate.json arg_evidence unusable (%s): no escalation", {k: doc.get(k) for k in ("feature", "alpha",
+                                                                                                  "tau")})
+        return None
+    return ArgEvidence(reader, doc["feature"], alpha, tau, int(doc.get("top_k", TOP_K)), bool(doc.get("distinct")))
+
+
+def is_current(meta: dict[str, Any], reader, distinct: bool = DISTINCT) -> bool:
+    """Whether ``meta`` holds a choice (any, "none" included) made for ``reader`` under its SLB calibration, reading
+    as ``distinct`` says."""
+    doc = meta.get("arg_evidence") or {}
+    return (doc.get("version") == ARG_EVIDENCE_VERSION and doc.get("reader") == reader_key(reader)
+            and doc.get("slb") == slb_key(meta) and bool(doc.get("distinct")) == distinct)
+
+
+def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose: Sequence[Any],
+              tool_of: Callable[[str], Tool | None], reader, meta: dict[str, Any], top_k: int = TOP_K,
+              distinct: bool = DISTINCT, progress: bool = False) -> dict[str, Any]:
+    """Choose the feature, alpha and tau on ``choose`` (examples with ``.text`` and ``.positives``): ``decide(text,
+    n)`` gives the SLB's top ``n`` (name, score) as the router ranks them over the full registry; ``distinct``:
+    the features read only what tells the candidates apart (``drop_shared``). Returns the ``arg_evidence`` section
+    of gate.json (``feature`` "none" when nothing gains ``MIN_GAIN``)."""
+    from tqdm import tqdm
+
+    if not choose:
+        raise ValueError("no choosing lines to calibrate the argument evidence on")
+    tops = [list(decide(e.text, max(top_k, 2))) for e in choose]
+    m = np.array([t[0][1] - t[1][1] if len(t) > 1 else np.inf for t in tops], np.float64)
+    base = np.array([t[0][0] in e.positives for t, e in zip(tops, choose, strict=True)])
+    thrs = {q: float(np.quantile(m[np.isfinite(m)], q)) for q in ESCALATE_Q}
+    esc = [i for i in range(len(choose)) if m[i] < max(thrs.values())]
+    feats: dict[int, dict[str, np.ndarray]] = {}
+    for i in tqdm(esc, desc="argument evidence (reading candidates)", disable=not progress):
+        cands = tops[i][:top_k]
+        tools = [tool_of(n) for n, _ in cands]
+        readings = read(reader, choose[i].text, tools, required_only=False, distinct=distinct)
+        feats[i] = {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES}
+    none = float(base.mean())
+    grid = []
+    best = {"top1": none, "feature": "none", "alpha": 0.0, "tau": 0.0, "q": 0.0}
+    for q, thr in thrs.items():
+        for feat in FEATURES:
+            for alpha in ALPHAS:
+                right = base.copy()
+                for i in esc:
+                    if m[i] < thr:
+                        cands = tops[i][:top_k]
+                        pick = cands[int(rerank(np.array([s for _, s in cands]), feats[i][feat], alpha)[0])][0]
+                        right[i] = pick in choose[i].positives
+                acc = float(right.mean())
+                grid.append({"q": q, "feature": feat, "alpha": alpha, "top1": round(acc, 5)})
+                if acc > best["top1"] + 1e-12:
+                    best = {"top1": acc, "feature": feat, "alpha": alpha, "tau": thr, "q": q}
+    keep = best["top1"] >= none + MIN_GAIN
+    chosen = best if keep else {"top1": none, "feature": "none", "alpha": 0.0, "tau": 0.0, "q": 0.0}
+    return {"version": ARG_EVIDENCE_VERSION, "reader": reader_key(reader), "slb": slb_key(meta),
+            "feature": chosen["feature"], "alpha": chosen["alpha"], "tau": chosen["tau"], "quantile": chosen["q"],
+            "top_k": top_k, "distinct": distinct, "min_gain": MIN_GAIN, "n_choose": len(choose),
+            "choose_top1_slb": none, "choose_top1": chosen["top1"],
+            "best_if_kept": {k: best[k] for k in ("feature", "alpha", "tau", "q", "top1")},
+            "choose_escalation_rate": float(np.mean(m < chosen["tau"])) if keep else 0.0, "grid": grid}
+
+
+def write(gate_dir: str | Path, section: dict[str, Any]) -> None:
+    """Store ``section`` as gate.json's ``arg_evidence`` (atomically: a router loading meanwhile reads either)."""
+    path = Path(gate_dir) / "gate.json"
+    doc = json.loads(path.read_text())
+    doc["arg_evidence"] = section
+    fd, tmp = tempfile.mkstemp(prefix=".gate-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(doc, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

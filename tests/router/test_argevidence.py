@@ -1,0 +1,224 @@
+"""The gate's argument-evidence stage (services/router/argevidence.py): features, calibration, staleness, and the
+router escalating with the real gate model and the real slot reader."""
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from services.router import argevidence as ae
+
+SLOTS = "var/models/slots"
+GATE = "var/models/gate"
+
+
+@pytest.fixture(scope="module")
+def reader():
+    from services.engine.slots import SlotModel
+
+    if not SlotModel.exists(SLOTS):
+        pytest.fail(f"no slot model at {SLOTS}: run `make setup` (make models trains it)")
+    return SlotModel(SLOTS, threads=1)
+
+
+@pytest.fixture(scope="module")
+def by_name(all_tools):
+    return {t.name: t for t in all_tools}
+
+
+def test_candidate_features_read_the_required_parameters_and_count_the_stated_ones():
+    reading = [("owner", True, 18.0), ("repo", True, 4.0), ("issue_number", True, -6.0), ("page", False, 3.0)]
+    # scores clipped to +-CLIP (10) and scaled: owner 1.0, repo 0.4, issue_number -0.6
+    assert ae.candidate_feature(reading, "req_min", 0.5) == pytest.approx(-0.6)
+    assert ae.candidate_feature(reading, "req_mean", 0.5) == pytest.approx((1.0 + 0.4 - 0.6) / 3)
+    assert ae.candidate_feature(reading, "stated", 0.5) == 3.0  # owner, repo and the optional page
+    assert ae.candidate_feature(reading, "stated", 5.0) == 1.0
+    # no required span parameter: no evidence either way; no parameter at all: nothing stated
+    assert ae.candidate_feature([("page", False, 9.0)], "req_min", 0.5) == 0.0
+    assert ae.candidate_feature([], "stated", 0.5) == 0.0
+    with pytest.raises(ValueError, match="unknown argument-evidence feature"):
+        ae.candidate_feature(reading, "nope", 0.5)
+
+
+def test_rerank_adds_the_weighted_feature_and_keeps_the_slb_order_on_ties():
+    slb = np.array([0.50, 0.48, 0.30])
+    feats = np.array([-1.0, 0.5, 1.0])
+    assert ae.rerank(slb, feats, 0.0).tolist() == [0, 1, 2]
+    assert ae.rerank(slb, feats, 0.01).tolist() == [0, 1, 2]  # 0.49 vs 0.485 vs 0.31
+    assert ae.rerank(slb, feats, 0.05).tolist() == [1, 0, 2]  # 0.45 vs 0.505 vs 0.35
+    assert ae.rerank(slb, feats, 1.0).tolist() == [2, 1, 0]  # -0.5 vs 0.98 vs 1.3
+    assert ae.rerank(np.array([0.5, 0.5]), np.zeros(2), 1.0).tolist() == [0, 1]
+
+
+def test_margins_ignore_tools_outside_the_registry():
+    s = np.array([[0.9, -np.inf, 0.7, 0.1], [0.2, 0.6, -np.inf, 0.55]])
+    assert np.allclose(ae.margins(s), [0.2, 0.05])
+
+
+def test_the_real_reader_finds_the_stated_namespace_of_the_tool_that_requires_it(reader, by_name):
+    text = "list the pods in the kube-system namespace"
+    ns, plain, gone = ae.read(reader, text, [by_name["pods_list_in_namespace"], by_name["pods_list"], None], False)
+    assert [(n, r) for n, r, _ in ns if n == "namespace"] == [("namespace", True)]
+    assert ae.candidate_feature(ns, "req_min", reader.threshold) > 0.05
+    assert ae.candidate_feature(plain, "req_min", reader.threshold) == 0.0  # pods_list requires no span parameter
+    assert gone == []  # a tool unregistered meanwhile reads as no parameters
+    req_only = ae.read(reader, text, [by_name["pods_list_in_namespace"]], True)[0]
+    assert {n for n, _, _ in req_only} == {n for n, r, _ in ns if r} and all(r for _, r, _ in req_only)
+    # reading required parameters only gives the same scores for them (one batch either way)
+    full = {n: s for n, _, s in ns}
+    assert all(s == pytest.approx(full[n], abs=1e-3) for n, _, s in req_only)
+    # a request that names no namespace: the same tool's evidence is against it
+    other = ae.read(reader, "show me every pod running in the cluster", [by_name["pods_list_in_namespace"]], True)[0]
+    assert ae.candidate_feature(other, "req_min", reader.threshold) < ae.candidate_feature(ns, "req_min",
+                                                                                           reader.threshold)
+
+
+def test_shared_parameters_are_the_ones_every_candidate_has():
+    assert ae.shared_names([["owner", "repo", "issue_number"], ["owner", "repo"], None]) == {"owner", "repo"}
+    assert ae.shared_names([["owner"], []]) == set() and ae.shared_names([["owner"]]) == set()
+    readings = [[("owner", True, 9.0), ("repo", True, 8.0), ("issue_number", True, -3.0)],
+                [("owner", True, 9.5), ("repo", True, 7.0), ("state", False, 2.0)]]
+    assert ae.drop_shared(readings) == [[("issue_number", True, -3.0)], [("state", False, 2.0)]]
+
+
+def test_distinct_reading_skips_what_every_candidate_asks_for(reader, by_name):
+    text = "diff the working tree of /srv/app against main"
+    tools = [by_name["git_diff"], by_name["git_diff_staged"], by_name["git_status"]]
+    full = ae.read(reader, text, tools, required_only=False)
+    distinct = ae.read(reader, text, tools, required_only=False, distinct=True)
+    assert [[n for n, _, _ in r] for r in distinct] == [["target", "context_lines"], ["context_lines"], []]
+    assert distinct == [[(n, q, pytest.approx(s, abs=1e-3)) for n, q, s in r] for r in ae.drop_shared(full)]
+    # git_diff requires the target the request names; git_status requires nothing once repo_path is shared
+    feats = [ae.candidate_feature(r, "req_min", reader.threshold) for r in distinct]
+    assert feats[0] > 0 and feats[1] == feats[2] == 0.0
+
+
+@dataclass(frozen=True)
+class Line:
+    text: str
+    positives: frozenset
+
+
+def _choose_lines():
+    """20 lines over the kubernetes pod twins; the stand-in SLB confuses the namespaced ones by a small margin."""
+    spaces = ["kube-system", "monitoring", "payments", "default", "ingress-nginx", "staging", "argo", "istio-system"]
+    lines, ranks = [], {}
+    for j, ns in enumerate(spaces):  # the SLB puts pods_list first by 0.001-0.008: near-ties, all wrong
+        t = f"list the pods in the {ns} namespace"
+        lines.append(Line(t, frozenset({"pods_list_in_namespace"})))
+        ranks[t] = [("pods_list", 0.6), ("pods_list_in_namespace", 0.6 - 0.001 * (j + 1))]
+    for j in range(12):  # confident and right: large margins
+        t = f"show every pod across the cluster, view {j}"
+        lines.append(Line(t, frozenset({"pods_list"})))
+        ranks[t] = [("pods_list", 0.7), ("pods_list_in_namespace", 0.7 - 0.05 - 0.01 * j)]
+    return lines, ranks
+
+
+META = {"data_hash": "d1", "slb": {"version": "slb-cal-v8", "calibration_hash": "c1", "tool_bias": {"x": 0.1}}}
+
+
+def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it_cannot(reader, by_name):
+    lines, ranks = _choose_lines()
+    doc = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META)
+    assert doc["choose_top1_slb"] == pytest.approx(12 / 20)
+    assert doc["feature"] in ae.FEATURES and doc["alpha"] > 0 and doc["choose_top1"] > 12 / 20 + ae.MIN_GAIN
+    assert 0 < doc["tau"] <= 0.05  # only the near-ties escalate
+    assert doc["reader"] == ae.reader_key(reader) and doc["slb"] == ae.slb_key(META) and doc["distinct"] is True
+    assert ae.is_current({**META, "arg_evidence": doc}, reader)
+    assert len(doc["grid"]) == len(ae.ESCALATE_Q) * len(ae.FEATURES) * len(ae.ALPHAS)
+    # the SLB already right everywhere: nothing to gain, no stage
+    right = {t: (r if "namespace" not in t else list(reversed(r))) for t, r in ranks.items()}
+    none = ae.calibrate(lambda text, n: right[text][:n], lines, by_name.get, reader, META)
+    assert none["feature"] == "none" and none["alpha"] == 0.0 and none["choose_escalation_rate"] == 0.0
+    assert ae.from_gate({**META, "arg_evidence": none}, reader) is None
+    with pytest.raises(ValueError, match="no choosing lines"):
+        ae.calibrate(lambda text, n: [], [], by_name.get, reader, META)
+
+
+def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, caplog):
+    section = {"version": ae.ARG_EVIDENCE_VERSION, "reader": ae.reader_key(reader), "slb": ae.slb_key(META),
+               "feature": "req_min", "alpha": 0.05, "tau": 0.1, "top_k": 3, "distinct": True}
+    got = ae.from_gate({**META, "arg_evidence": section}, reader)
+    assert (got.feature, got.alpha, got.tau, got.top_k, got.distinct) == ("req_min", 0.05, 0.1, 3, True)
+    assert ae.is_current({**META, "arg_evidence": section}, reader)
+    # a choice made reading every parameter is not the product's: calibrated again
+    assert not ae.is_current({**META, "arg_evidence": {**section, "distinct": False}}, reader)
+    assert ae.from_gate({**META, "arg_evidence": {**section, "distinct": False}}, reader).distinct is False
+    assert ae.from_gate(META, reader) is None and ae.from_gate({**META, "arg_evidence": section}, None) is None
+    caplog.set_level(logging.WARNING, logger="nexus.router.argevidence")
+    recalibrated = {**META, "slb": {**META["slb"], "tool_bias": {}}, "arg_evidence": section}
+    assert ae.from_gate(recalibrated, reader) is None and not ae.is_current(recalibrated, reader)
+    other_reader = {**section, "reader": {**section["reader"], "threshold": 9.0}}
+    assert ae.from_gate({**META, "arg_evidence": other_reader}, reader) is None
+    assert ae.from_gate({**META, "arg_evidence": {**section, "version": "arg-evidence-v0"}}, reader) is None
+    assert sum("calibrate-arg-evidence" in r.message for r in caplog.records) == 3
+    assert ae.from_gate({**META, "arg_evidence": {**section, "alpha": float("nan")}}, reader) is None
+    assert ae.from_gate({**META, "arg_evidence": {**section, "feature": "vibes"}}, reader) is None
+
+
+def test_write_replaces_only_the_section(tmp_path):
+    (tmp_path / "gate.json").write_text(json.dumps({"tau": 0.1, "arg_evidence": {"feature": "old"}}))
+    ae.write(tmp_path, {"feature": "req_min"})
+    assert json.loads((tmp_path / "gate.json").read_text()) == {"tau": 0.1, "arg_evidence": {"feature": "req_min"}}
+    assert [p.name for p in tmp_path.iterdir()] == ["gate.json"]
+
+
+def _gate_copy(tmp_path, reader, section):
+    """var/models/gate with its gate.json holding ``section`` as arg_evidence (the models are linked, not copied)."""
+    from pathlib import Path
+
+    src = Path(GATE)
+    if not (src / "gate.json").is_file():
+        pytest.fail(f"no gate model at {GATE}: run `make setup` (it trains and links it)")
+    dst = tmp_path / "gate"
+    dst.mkdir(parents=True)
+    for p in src.resolve().iterdir():
+        if p.name != "gate.json":
+            (dst / p.name).symlink_to(p)
+    meta = json.loads((src / "gate.json").read_text())
+    meta["arg_evidence"] = {"version": ae.ARG_EVIDENCE_VERSION, "reader": ae.reader_key(reader),
+                            "slb": ae.slb_key(meta), **section}
+    (dst / "gate.json").write_text(json.dumps(meta))
+    return dst
+
+
+def _router(tmp_path, gate_dir, slots, tools):
+    import asyncio
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.router.config import RouterConfig
+    from services.router.router import Router
+
+    store = LocalStore(str(tmp_path / "store"))
+    store.registry_put(list(tools))
+    router = Router(RouterConfig(store_url=str(tmp_path / "store"), gate_model_dir=str(gate_dir),
+                                 slots_model_dir=slots, torch_threads=1), store, Embedder(""))
+    asyncio.run(router.sync(force=True))
+    return router
+
+
+def test_the_router_escalates_near_ties_to_the_argument_evidence(tmp_path, reader, all_tools):
+    k8s = [t for t in all_tools if t.name.startswith(("pods_", "namespaces_", "resources_"))]
+    # tau above any margin: every request escalates; a large alpha lets the evidence decide the top 4
+    gate_dir = _gate_copy(tmp_path, reader, {"feature": "req_min", "alpha": 10.0, "tau": 1e9, "top_k": 4})
+    router = _router(tmp_path, gate_dir, SLOTS, k8s)
+    assert router.arg_evidence is not None and router.escalation_enabled
+    d = router.decide("pods in kube-system please", 3)
+    assert d.gate == "escalated" and d.escalated
+    top4 = [n for n, _ in d.slb_candidates[:4]]
+    assert {n for n, _ in d.candidates} <= set(top4) | {n for n, _ in d.slb_candidates[4:]}
+    tools = {t.name: t for t in k8s}
+    feats = router.arg_evidence.features("pods in kube-system please", [tools[n] for n in top4])
+    want = top4[int(ae.rerank(np.array([s for _, s in d.slb_candidates[:4]]), feats, 10.0)[0])]
+    assert d.tool == want
+    # the same model without a reader, or with the stage calibrated for another SLB: no escalation
+    assert _router(tmp_path / "a", gate_dir, "", k8s).arg_evidence is None
+    stale = _gate_copy(tmp_path / "b", reader, {"feature": "req_min", "alpha": 10.0, "tau": 1e9})
+    doc = json.loads((stale / "gate.json").read_text())
+    doc["arg_evidence"]["slb"]["tool_bias"] = "another"
+    (stale / "gate.json").write_text(json.dumps(doc))
+    r = _router(tmp_path / "b", stale, SLOTS, k8s)
+    assert r.arg_evidence is None and r.decide("pods in kube-system please", 3).gate == "auto"
