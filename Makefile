@@ -145,6 +145,8 @@ reliability: setup  ## bad inputs + faults + fuzz + load figures -> reports/reli
 
 eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing.json
+	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --slots var/models/slots \
+		--holdout-server '' --no-concat --json reports/routing_staged.json
 	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
 	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json
 	$(VENV)/bin/nexus eval ttft --json reports/splice_ttft.json

@@ -8,10 +8,10 @@ directory store pre-filled with the registry (no compiler needed: the router emb
 waits for SERVING, then sends every query line to each arm in turn (interleaved request by request, the arm
 order alternating, ``--repeats`` passes), and reports client-side round-trip latency percentiles, the
 server-measured ``route_ms`` and the escalation rate per arm, the ratio of their p50s, and a PNG of the
-latency distributions. Arms (``--arms``): ``model`` (the gate model as calibrated: exemplar keys at its
-validation-chosen weight, the argument-evidence stage on escalated requests with the ``--slots`` reader), ``text``
-(the same model with ``exemplar_weight = 0``: text keys only, the scan over 338 rows instead of ~5,000) and ``slb``
-(the model without a second stage: no slot reader). Latency only: the production gate model trained on
+latency distributions. Arms (``--arms``): ``model`` (the gate model as the router loads it by default: exemplar keys
+at its validation-chosen weight), ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
+over 338 rows instead of ~5,000) and ``staged`` (the model with its argument-evidence stage on,
+``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader). Latency only: the production gate model trained on
 train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
 gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 # arm -> extra router environment
-ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "slb": {"NEXUS_ROUTER_SLOTS_MODEL_DIR": ""}}
+ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"}}
 
 
 def free_port() -> int:

@@ -52,10 +52,10 @@ def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
                         "this checkout; '' = validation lines only)")
 
 
-def _add_slots_arg(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--slots", default="var/models/slots",
+def _add_slots_arg(p: argparse.ArgumentParser, what: str, default: str) -> None:
+    p.add_argument("--slots", default=default,
                    help=f"slot reader (`nexus train-slots`) whose argument evidence {what} "
-                        "(services/router/argevidence.py; default: var/models/slots; '' = none)")
+                        f"(services/router/argevidence.py; default: {default or 'none'}; '' = none)")
 
 
 def _check_slots(path: str) -> None:
@@ -105,7 +105,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_calibration_arg(p)
-    _add_slots_arg(p, "each gate model's second stage is calibrated for and routes with")
+    _add_slots_arg(p, "each fold model's second stage is calibrated for and routes with (the router's "
+                      "NEXUS_ROUTER_ARG_EVIDENCE=true; the held-out server's model never has it)", "")
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -142,7 +143,8 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_calibration_arg(p)
-    _add_slots_arg(p, "the model's second stage is calibrated for (after training; kept when current)")
+    _add_slots_arg(p, "the model's second stage is calibrated for (after training; kept when current)",
+                   "var/models/slots")
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:

@@ -209,7 +209,7 @@ def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1,
     from services.router.router import Router
 
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir or ""), torch_threads=threads,
-                       exemplar_weight=exemplar_weight, slots_model_dir=slots)
+                       exemplar_weight=exemplar_weight, arg_evidence=bool(slots), slots_model_dir=slots)
     router = Router(cfg, store, embedder)
     asyncio.run(router.sync(force=True))
     return router
@@ -427,7 +427,7 @@ def plot(report: dict[str, Any], path: str) -> None:
         ax.errorbar(xs, v, yerr=[lo, hi], fmt=style, color=color, capsize=3, label=label)
 
     series([report["sizes"][s]["accuracy"] for s in sizes], [report["sizes"][s]["ci95"] for s in sizes],
-           "Nexus: SLB + margin gate + cross-encoder", "o-", "#1d3557")
+           "Nexus: SLB + margin gate + second stage", "o-", "#1d3557")
     series([report["sizes"][s]["slb_top1"] for s in sizes], [report["sizes"][s]["slb_top1_ci95"] for s in sizes],
            "SLB top-1 (tuned query encoder)", "s--", "#457b9d")
     series([report["sizes"][s]["slb_top3"] for s in sizes], [report["sizes"][s]["slb_top3_ci95"] for s in sizes],
@@ -497,8 +497,10 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress, extra=extra,
                             calibration=calib, slots=slots)
     servers = registry.servers()
+    # no argument-evidence stage for the held-out server's model: the slot reader trained on every server's
+    # augment lines, that server's included, so it would carry what the model must not have seen
     hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress, extra=extra,
-                             calibration=calib, slots=slots) \
+                             calibration=calib) \
         if holdout_server and holdout_server in servers else None
 
     embedder = Embedder("")
@@ -537,7 +539,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
         generalization = None
         if hold_dir is not None:
-            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight, slots=slots)
+            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight)
             idxs = [i for i, ln in enumerate(lines) if registry.server_of[ln.tool] == holdout_server]
             held = route_lines(router, lines, all_regs, idxs)
             in_dist = {s: summarize_draws(by_draw(records, s, lambda r: registry.server_of[r["tool"]] == holdout_server),
@@ -545,7 +547,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             generalization = {
                 "server": holdout_server, "model": str(hold_dir), "n": len(idxs),
                 "note": "trained without any line of this server (real or augment); its tools stay registered with "
-                        "text keys only, while every other tool also has exemplar keys",
+                        "text keys only, while every other tool also has exemplar keys; no argument-evidence stage "
+                        "(the slot reader trained on this server's augment lines too)",
                 "sizes": {s: summarize_draws(by_draw(held, s), _size_n(s, registry)) for s in size_list},
                 "same_lines_k_fold": {s: {k: in_dist[s][k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3")}
                                       for s in size_list},

@@ -156,10 +156,14 @@ class ArgEvidence:
         readings = read(self.reader, text, tools, required_only=self.feature != "stated", distinct=self.distinct)
         return np.array([candidate_feature(r, self.feature, self.reader.threshold) for r in readings], np.float64)
 
-    def order(self, text: str, slb: Sequence[tuple[str, float]], tool_of: Callable[[str], Tool | None]) -> np.ndarray:
-        """The re-ranked order of ``slb`` (the top ``top_k`` (name, score) candidates)."""
+    def rescore(self, text: str, slb: Sequence[tuple[str, float]],
+                tool_of: Callable[[str], Tool | None]) -> list[tuple[str, float]]:
+        """``slb`` (the top ``top_k`` (name, score) candidates) re-ranked, each with its fused score
+        ``slb + alpha * feature``, best first."""
         feats = self.features(text, [tool_of(n) for n, _ in slb])
-        return rerank(np.array([s for _, s in slb]), feats, self.alpha)
+        scores = np.array([s for _, s in slb], np.float64)
+        fused = scores + self.alpha * feats
+        return [(slb[i][0], float(fused[i])) for i in rerank(scores, feats, self.alpha)]
 
 
 def from_gate(meta: dict[str, Any], reader) -> ArgEvidence | None:

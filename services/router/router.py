@@ -104,8 +104,8 @@ class Router:
             self.gate.ce_scores("warm up", ["warm up"])
             if info.alpha <= 0 and self.arg_evidence is None:
                 log.warning("gate model %s: validation gave the cross-encoder weight alpha=0, so it never changes a "
-                            "decision, and there is no calibrated argument evidence; escalation is off (SLB with the "
-                            "tuned query encoder only)", info.path)
+                            "decision, and no argument-evidence stage is on; escalation is off (SLB with the tuned "
+                            "query encoder only)", info.path)
             if self.exemplar_weight:
                 keys = self.gate.exemplar_keys()
                 self.index.set_exemplars(keys)
@@ -126,7 +126,12 @@ class Router:
     def _load_arg_evidence(self) -> ArgEvidence | None:
         """The gate model's calibrated argument-evidence stage with the configured slot reader, or None (no gate,
         no reader, nothing calibrated for them: logged)."""
-        if self.gate is None or not self.config.slots_model_dir or not self.gate.info.meta.get("arg_evidence"):
+        if self.gate is None or not self.gate.info.meta.get("arg_evidence"):
+            return None
+        if not self.config.arg_evidence or not self.config.slots_model_dir:
+            if self.gate.info.meta["arg_evidence"].get("feature", "none") != "none":
+                log.info("gate model %s has a calibrated argument-evidence stage; it is off (NEXUS_ROUTER_ARG_EVIDENCE="
+                         "true turns it on: more accurate, ~225 ms per escalated request)", self.gate.info.path)
             return None
         if self.gate.info.alpha > 0:  # the cross-encoder earned the second stage: it keeps it
             return None
@@ -329,8 +334,7 @@ class Router:
         elif ae is not None and len(slb) > 1 and margin < ae.tau:
             top = slb[: ae.top_k]
             tools = self.view.tools
-            order = ae.order(text, top, lambda n: tools[n].tool if n in tools else None)
-            final = [top[i] for i in order] + list(slb[ae.top_k:])
+            final = ae.rescore(text, top, lambda n: tools[n].tool if n in tools else None) + list(slb[ae.top_k:])
             mode = "escalated"
         return RouteDecision(
             tool=final[0][0],

@@ -184,7 +184,7 @@ def _gate_copy(tmp_path, reader, section):
     return dst
 
 
-def _router(tmp_path, gate_dir, slots, tools):
+def _router(tmp_path, gate_dir, slots, tools, on=True):
     import asyncio
 
     from services.common.embedder import Embedder
@@ -195,7 +195,7 @@ def _router(tmp_path, gate_dir, slots, tools):
     store = LocalStore(str(tmp_path / "store"))
     store.registry_put(list(tools))
     router = Router(RouterConfig(store_url=str(tmp_path / "store"), gate_model_dir=str(gate_dir),
-                                 slots_model_dir=slots, torch_threads=1), store, Embedder(""))
+                                 arg_evidence=on, slots_model_dir=slots, torch_threads=1), store, Embedder(""))
     asyncio.run(router.sync(force=True))
     return router
 
@@ -212,9 +212,15 @@ def test_the_router_escalates_near_ties_to_the_argument_evidence(tmp_path, reade
     assert {n for n, _ in d.candidates} <= set(top4) | {n for n, _ in d.slb_candidates[4:]}
     tools = {t.name: t for t in k8s}
     feats = router.arg_evidence.features("pods in kube-system please", [tools[n] for n in top4])
-    want = top4[int(ae.rerank(np.array([s for _, s in d.slb_candidates[:4]]), feats, 10.0)[0])]
-    assert d.tool == want
-    # the same model without a reader, or with the stage calibrated for another SLB: no escalation
+    slb4 = np.array([s for _, s in d.slb_candidates[:4]])
+    want = top4[int(ae.rerank(slb4, feats, 10.0)[0])]
+    assert d.tool == want and d.score == pytest.approx(slb4[top4.index(want)] + 10.0 * feats[top4.index(want)])
+    scores = [s for _, s in d.candidates]  # the top 3 of the re-ranked 4, fused scores, best first
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    # the same model with the stage off (the default), without a reader, or with the stage calibrated for another SLB:
+    # no escalation
+    off = _router(tmp_path / "c", gate_dir, SLOTS, k8s, on=False)
+    assert off.arg_evidence is None and off.decide("pods in kube-system please", 3).gate == "auto"
     assert _router(tmp_path / "a", gate_dir, "", k8s).arg_evidence is None
     stale = _gate_copy(tmp_path / "b", reader, {"feature": "req_min", "alpha": 10.0, "tau": 1e9})
     doc = json.loads((stale / "gate.json").read_text())

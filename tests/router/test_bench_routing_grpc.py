@@ -24,18 +24,18 @@ def test_arms_run_side_by_side_over_grpc(tmp_path):
     if not (GATE / "gate.json").is_file():
         pytest.fail("no gate model at var/models/gate: run `make setup` (it trains and links it)")
     doc = json.loads((GATE / "gate.json").read_text())
-    out = _run(tmp_path, "--limit", "6", "--repeats", "2", "--arms", "model,text,slb")
+    out = _run(tmp_path, "--limit", "6", "--repeats", "2", "--arms", "model,text,staged")
     assert out.returncode == 0, out.stderr[-3000:]
     rep = json.loads((tmp_path / "rg.json").read_text())
-    assert rep["registry_size"] == 338 and set(rep["arms"]) == {"model", "text", "slb"}
+    assert rep["registry_size"] == 338 and set(rep["arms"]) == {"model", "text", "staged"}
     for arm in rep["arms"].values():
         assert arm["n_requests"] == 12 and arm["rtt_ms_p50"] > 0 and arm["rtt_ms_p99"] >= arm["rtt_ms_p50"]
     assert rep["arms"]["model"]["exemplar_keys_loaded"] == (doc["slb"]["exemplar_weight"] > 0)
     assert not rep["arms"]["text"]["exemplar_keys_loaded"]
-    # the model's second stage when it has one for this reader (make models calibrates it); never without a reader
+    # the model's second stage only when switched on, and when it has one for this reader (make models calibrates it)
     staged = (doc.get("arg_evidence") or {}).get("feature", "none") != "none" and doc["alpha"] <= 0
-    assert rep["arms"]["model"]["argument_evidence_loaded"] == staged
-    assert not rep["arms"]["slb"]["argument_evidence_loaded"] and rep["arms"]["slb"]["exemplar_keys_loaded"]
+    assert rep["arms"]["staged"]["argument_evidence_loaded"] == staged and rep["arms"]["staged"]["exemplar_keys_loaded"]
+    assert not rep["arms"]["model"]["argument_evidence_loaded"]
     assert rep["p50_ratio_model_over_text"] > 0 and (tmp_path / "rg.png").stat().st_size > 10_000
 
 
