@@ -119,27 +119,14 @@ def main() -> int:
     a = ap.parse_args()
 
     prepare_training_env()
-    from sentence_transformers import SentenceTransformer
 
-    from services.common.models import default_embedder_path
-    from services.common.tools import Tool
-    from services.evals.data import equivalents
-    from services.evals.routing import load_protocol, pool_line_draws, pooled_top1, write_report
-    from services.evals.routing_models import load_fold
-    from services.router.training import GateHyperParams, _encode_eval, make_examples, tool_text
+    from services.evals.routing import pool_line_draws, pooled_top1, write_report
+    from services.evals.routing_models import float_bench
 
     t0 = time.time()
-    proto = load_protocol(a.queries, a.tools, a.sizes, draws=a.draws)
-    registry, lines, sizes = proto.registry, proto.lines, proto.sizes
-    names = registry.names
-    pos = {n: i for i, n in enumerate(names)}
-    known = set(names)
-    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
-    hp = GateHyperParams(seed=0)
-    by_name: dict[str, Tool] = {t.name: t for t in registry.tools}
-    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
-    keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
-    del base
+    fb = float_bench(a)
+    proto, names, pos, keys, calib = fb.proto, fb.names, fb.pos, fb.keys, fb.calib
+    lines, sizes = proto.lines, proto.sizes
 
     def pos_rows(tools_or_sets) -> list[np.ndarray]:
         out = []
@@ -149,12 +136,11 @@ def main() -> int:
             out.append(row)
         return out
 
-    calib_ex = make_examples(calib, known, equivalents, hp.max_turns)
     folds = [int(f) for f in a.folds.split(",")]
     per_fold: dict[str, dict] = {}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in sizes} for arm in ARMS}  # per (line, draw)
     for f in folds:
-        fm = load_fold(proto, f, hp, a.models_root, extra, calib, calib_ex)
+        fm = fb.fold(f, a.models_root)
         gdir, idxs, cal, held_ex = fm.dir, fm.idxs, fm.choose, fm.held
         cq, hq = fm.embed([e.text for e in cal]), fm.embed([e.text for e in held_ex])
         ex_v, tool_of_row = fm.ex_v, fm.tool_of_row

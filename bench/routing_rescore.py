@@ -73,34 +73,19 @@ def main() -> int:
     a = ap.parse_args()
 
     prepare_training_env()
-    from sentence_transformers import SentenceTransformer
 
-    from services.common.models import default_embedder_path
     from services.evals.data import equivalents
-    from services.evals.routing import load_protocol, pool_line_draws, pooled_top1, write_report
-    from services.evals.routing_models import load_fold
+    from services.evals.routing import pool_line_draws, pooled_top1, write_report
+    from services.evals.routing_models import float_bench
     from services.router.training import (
-        GateHyperParams,
-        _encode_eval,
         fit_tool_bias,
         float_tool_scores,
-        make_examples,
-        tool_text,
     )
 
     t0 = time.time()
-    proto = load_protocol(a.queries, a.tools, a.sizes, draws=a.draws)
-    registry, lines, sizes = proto.registry, proto.lines, proto.sizes
-    names = list(registry.names)
-    pos = {n: i for i, n in enumerate(names)}
-    known = set(names)
-    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
-    hp = GateHyperParams(seed=0)
-    by_name = {t.name: t for t in registry.tools}
-    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
-    keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
-    del base
-    calib_ex = make_examples(calib, known, equivalents, hp.max_turns)
+    fb = float_bench(a)
+    proto, names, pos, keys, calib = fb.proto, fb.names, fb.pos, fb.keys, fb.calib
+    lines, sizes = proto.lines, proto.sizes
 
     def right_rows(sets) -> np.ndarray:
         out = np.zeros((len(sets), len(names)), bool)
@@ -112,7 +97,7 @@ def main() -> int:
     per_fold: dict[str, dict] = {}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in sizes} for arm in arms}
     for f in [int(x) for x in a.folds.split(",")]:
-        fm = load_fold(proto, f, hp, a.models_root, extra, calib, calib_ex)
+        fm = fb.fold(f, a.models_root)
         w, temp, gap, rows, ex_v, tool_of_row = fm.w, fm.temp, fm.gap, fm.rows, fm.ex_v, fm.tool_of_row
         choose, held_ex, idxs, gdir = fm.choose, fm.held, fm.idxs, fm.dir
         cs, hs = fm.scores([e.text for e in choose], keys), fm.scores([e.text for e in held_ex], keys)

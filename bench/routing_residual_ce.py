@@ -116,40 +116,26 @@ def main() -> int:
 
     prepare_training_env()
     import torch
-    from sentence_transformers import SentenceTransformer
 
-    from services.common.models import default_embedder_path
     from services.evals.data import equivalents
-    from services.evals.routing import load_protocol, pool_line_draws, write_report
-    from services.evals.routing_models import load_fold
+    from services.evals.routing import pool_line_draws, write_report
+    from services.evals.routing_models import float_bench, load_fold
     from services.router.gate import ce_tool_text
     from services.router.training import (
-        GateHyperParams,
         ListwiseCrossEncoder,
-        _encode_eval,
         _optimizer_step,
         _progress,
         choose_alpha,
         float_tool_scores,
-        make_examples,
-        tool_text,
     )
 
     t0 = time.time()
     torch.set_num_threads(2)
-    proto = load_protocol(a.queries, a.tools, a.sizes, draws=a.draws)
-    registry, lines, sizes = proto.registry, proto.lines, proto.sizes
-    names = list(registry.names)
-    pos = {n: i for i, n in enumerate(names)}
-    known = set(names)
-    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
-    hp = GateHyperParams(seed=0)
-    by_name = {t.name: t for t in registry.tools}
+    fb = float_bench(a)
+    proto, names, pos, by_name, keys, hp = fb.proto, fb.names, fb.pos, fb.by_name, fb.keys, fb.hp
+    lines, sizes = proto.lines, proto.sizes
+    extra, calib, calib_all = fb.extra, fb.calib, fb.calib_ex
     ce_texts = [ce_tool_text(by_name[n]) for n in names]
-    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
-    keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
-    del base
-    calib_all = make_examples(calib, known, equivalents, hp.max_turns)
     crng = random.Random(f"calib-train:{a.seed}")
     calib_train = {e.id for e in calib_all if crng.random() < a.calib_train}
     calib_ex = [e for e in calib_all if e.id not in calib_train]

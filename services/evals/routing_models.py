@@ -172,6 +172,49 @@ class FoldModel:
         return float_tool_scores(self.embed(texts), keys, self.ex_v, self.tool_of_row, self.w, self.temp, self.gap)
 
 
+@dataclass
+class FloatBench:
+    """What the float-score benches (bench/routing_aggregate, _rescore, _residual_ce, _arg_evidence) set up alike: the
+    protocol, the registry's names in order (``pos``: name -> index, ``by_name``: name -> Tool), the augment and
+    calibration lines (``calib_ex``: the latter's examples), the hyper-parameters and the base embedder's description
+    keys of every tool (``keys``, registry order)."""
+
+    proto: Any
+    names: list[str]
+    pos: dict[str, int]
+    by_name: dict[str, Any]
+    extra: list[QueryLine]
+    calib: list[QueryLine]
+    calib_ex: list[Any]
+    hp: GateHyperParams
+    keys: np.ndarray
+
+    def fold(self, fold: int, models_root: str) -> FoldModel:
+        """``load_fold`` of ``fold``, the calibration lines choosing."""
+        return load_fold(self.proto, fold, self.hp, models_root, self.extra, self.calib, self.calib_ex)
+
+
+def float_bench(args: Any) -> FloatBench:
+    """``FloatBench`` of a bench's parsed ``add_protocol_args(..., calibration=True)`` flags (+ ``--draws``)."""
+    from sentence_transformers import SentenceTransformer
+
+    from services.common.models import default_embedder_path
+    from services.evals.routing import load_protocol
+    from services.router.training import _encode_eval, make_examples, tool_text
+
+    proto = load_protocol(args.queries, args.tools, args.sizes, draws=args.draws)
+    names = list(proto.registry.names)
+    by_name = {t.name: t for t in proto.registry.tools}
+    extra, calib = proto.extra_lines(args.augment), proto.extra_lines(args.calibration)
+    hp = GateHyperParams(seed=0)
+    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
+    del base
+    return FloatBench(proto=proto, names=names, pos={n: i for i, n in enumerate(names)}, by_name=by_name,
+                      extra=extra, calib=calib, calib_ex=make_examples(calib, set(names), equivalents, hp.max_turns),
+                      hp=hp, keys=keys)
+
+
 def load_fold(proto: Any, fold: int, hp: GateHyperParams, models_root: str, extra: Sequence[QueryLine] = (),
               calibration: Sequence[QueryLine] = (), choose_extra: Sequence[Any] = ()) -> FoldModel:
     """``FoldModel`` of ``fold`` of ``proto`` (a ``routing.Protocol``): trained once (cached) on the other folds +
