@@ -143,8 +143,8 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
                         "of this checkout; '' = none)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_calibration_arg(p)
-    _add_slots_arg(p, "the model's second stage is calibrated for (after training; kept when current)",
-                   "var/models/slots")
+    _add_slots_arg(p, "the model's second stage is calibrated for (after training; kept when current; make models "
+                      "passes var/models/slots)", "")
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:

@@ -182,12 +182,15 @@ def from_gate(meta: dict[str, Any], reader) -> ArgEvidence | None:
         return None
     if doc.get("feature") in (None, "none"):
         return None
-    alpha, tau = float(doc["alpha"]), float(doc["tau"])
-    if doc["feature"] not in FEATURES or not (np.isfinite(alpha) and np.isfinite(tau)) or alpha <= 0:
-        log.error("gate.json arg_evidence unusable (%s): no escalation", {k: doc.get(k) for k in ("feature", "alpha",
-                                                                                                  "tau")})
+    try:
+        alpha, tau, top_k = float(doc["alpha"]), float(doc["tau"]), int(doc.get("top_k", TOP_K))
+    except (KeyError, TypeError, ValueError):
+        alpha, tau, top_k = float("nan"), float("nan"), 0
+    if doc["feature"] not in FEATURES or not (np.isfinite(alpha) and np.isfinite(tau)) or alpha <= 0 or top_k < 2:
+        log.error("gate.json arg_evidence unusable (%s): no escalation",
+                  {k: doc.get(k) for k in ("feature", "alpha", "tau", "top_k")})
         return None
-    return ArgEvidence(reader, doc["feature"], alpha, tau, int(doc.get("top_k", TOP_K)), bool(doc.get("distinct")))
+    return ArgEvidence(reader, doc["feature"], alpha, tau, top_k, bool(doc.get("distinct")))
 
 
 def is_current(meta: dict[str, Any], reader, distinct: bool = DISTINCT) -> bool:
@@ -211,9 +214,11 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
         raise ValueError("no choosing lines to calibrate the argument evidence on")
     tops = [list(decide(e.text, max(top_k, 2))) for e in choose]
     m = np.array([t[0][1] - t[1][1] if len(t) > 1 else np.inf for t in tops], np.float64)
-    base = np.array([t[0][0] in e.positives for t, e in zip(tops, choose, strict=True)])
-    thrs = {q: float(np.quantile(m[np.isfinite(m)], q)) for q in ESCALATE_Q}
-    esc = [i for i in range(len(choose)) if m[i] < max(thrs.values())]
+    base = np.array([bool(t) and t[0][0] in e.positives for t, e in zip(tops, choose, strict=True)])
+    finite = m[np.isfinite(m)]
+    # a registry of one tool has no margins: nothing ever escalates
+    thrs = {q: float(np.quantile(finite, q)) for q in ESCALATE_Q} if len(finite) else {}
+    esc = [i for i in range(len(choose)) if thrs and m[i] < max(thrs.values())]
     feats: dict[int, dict[str, np.ndarray]] = {}
     for i in tqdm(esc, desc="argument evidence (reading candidates)", disable=not progress):
         cands = tops[i][:top_k]

@@ -133,6 +133,9 @@ def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it
     none = ae.calibrate(lambda text, n: right[text][:n], lines, by_name.get, reader, META)
     assert none["feature"] == "none" and none["alpha"] == 0.0 and none["choose_escalation_rate"] == 0.0
     assert ae.from_gate({**META, "arg_evidence": none}, reader) is None
+    # one tool in the registry: no margins, nothing to escalate
+    single = ae.calibrate(lambda text, n: [("pods_list", 0.5)], lines, by_name.get, reader, META)
+    assert single["feature"] == "none" and single["choose_top1_slb"] == pytest.approx(12 / 20)
     with pytest.raises(ValueError, match="no choosing lines"):
         ae.calibrate(lambda text, n: [], [], by_name.get, reader, META)
 
@@ -156,6 +159,9 @@ def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, capl
     assert sum("calibrate-arg-evidence" in r.message for r in caplog.records) == 3
     assert ae.from_gate({**META, "arg_evidence": {**section, "alpha": float("nan")}}, reader) is None
     assert ae.from_gate({**META, "arg_evidence": {**section, "feature": "vibes"}}, reader) is None
+    no_alpha = {k: v for k, v in section.items() if k != "alpha"}
+    assert ae.from_gate({**META, "arg_evidence": no_alpha}, reader) is None  # logged, the router still routes
+    assert ae.from_gate({**META, "arg_evidence": {**section, "top_k": 1}}, reader) is None
 
 
 def test_write_replaces_only_the_section(tmp_path):
