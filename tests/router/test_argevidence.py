@@ -234,3 +234,31 @@ def test_the_router_escalates_near_ties_to_the_argument_evidence(tmp_path, reade
     (stale / "gate.json").write_text(json.dumps(doc))
     r = _router(tmp_path / "b", stale, SLOTS, k8s)
     assert r.arg_evidence is None and r.decide("pods in kube-system please", 3).gate == "auto"
+
+
+def test_calibrating_a_real_gate_model_writes_a_current_section_once(tmp_path, reader, tools_dir):
+    """``routing_models.calibrate_arg_evidence`` on a copy of the production gate model: a real router ranks the
+    model's validation lines + 120 calibration lines, the section lands in gate.json, a second call keeps it."""
+    from services.evals.data import load_queries, load_registry
+    from services.evals.routing_models import calibrate_arg_evidence, load_augment
+    from tests.conftest import QUERIES, REPO
+
+    gate_dir = _gate_copy(tmp_path, reader, {"feature": "none"})
+    meta = json.loads((gate_dir / "gate.json").read_text())
+    del meta["arg_evidence"]
+    (gate_dir / "gate.json").write_text(json.dumps(meta))
+    calibration = load_augment(REPO / "data" / "routing_calibration")[::11][:120]
+    registry = load_registry(tools_dir)
+    section = calibrate_arg_evidence(gate_dir, load_queries(QUERIES), registry, calibration, SLOTS)
+    doc = json.loads((gate_dir / "gate.json").read_text())
+    assert doc["arg_evidence"] == section and ae.is_current(doc, reader)
+    assert section["n_choose"] == len(meta["val_ids"]) + len(calibration)
+    assert section["feature"] in (*ae.FEATURES, "none") and section["choose_top1"] >= section["choose_top1_slb"]
+    assert {k: doc[k] for k in meta} == meta  # nothing else in gate.json changed
+    before = (gate_dir / "gate.json").stat().st_mtime_ns
+    assert calibrate_arg_evidence(gate_dir, load_queries(QUERIES), registry, calibration, SLOTS) == section
+    assert (gate_dir / "gate.json").stat().st_mtime_ns == before  # current: kept, not rewritten
+    with pytest.raises(FileNotFoundError, match="no slot reader"):
+        calibrate_arg_evidence(gate_dir, [], registry, calibration, str(tmp_path / "none"))
+    with pytest.raises(ValueError, match="validation ids"):
+        calibrate_arg_evidence(gate_dir, load_queries(QUERIES)[:5], registry, calibration, SLOTS, force=True)
