@@ -9,7 +9,7 @@ The data's close neighbours differ in what the request states, not in what it is
 (a local path), ``puppeteer_*`` vs ``browser_*`` (a CSS selector vs a snapshot ref), get vs list (an id). Six
 cross-encoders read name + description and stayed at chance on the lines the gate escalates (§18). This bench
 asks the engine's slot reader (``services/engine/slots.py``: MiniLM with a span head, trained on the augment lines
-only, never on train.jsonl or the calibration lines) for each of the SLB's top ``--top-k`` candidates: how
+only, never on train.jsonl or the calibration lines) for each of the SLB's top 4 (or 2) candidates: how
 strongly does the request state each of its parameters? A candidate's feature:
 
 * ``req_min``: the weakest of its required parameters' scores (best-span logit minus the "not stated" logit,
@@ -19,12 +19,15 @@ strongly does the request state each of its parameters? A candidate's feature:
   threshold);
 
 and on a line whose SLB margin (top-1 minus top-2, the model's float score with its tool bias) is below the
-escalation threshold, the top ``--top-k`` are re-ranked by ``slb + alpha * feature``. The feature, alpha and the
+escalation threshold, the top candidates are re-ranked by ``slb + alpha * feature``. The feature, alpha and the
 threshold (a quantile of the choosing lines' margins) are chosen per fold on the model's validation + calibration
 lines (full registry, top-1; none of them trained the reader); ``none`` is the SLB alone. Held out: the fold's lines at
 each size over ``--draws`` draws of distractors (the evaluation's registries), the margin taken within each
-registry. Written: choices, held-out top-1 per size with bootstrap CIs, escalation rates, accuracy on the
-escalated lines, the paired difference against ``none``, the reader's time per escalated line, and a PNG.
+registry. Arms (``VARIANTS``): every parameter read; only the parameters not every candidate has (``distinct``, the
+product's reading); and two cheaper ones, required parameters only (``req_*`` features) over the top 4 or top 2.
+Written: choices, held-out top-1 per size with bootstrap CIs, escalation rates, accuracy on the escalated lines,
+the paired difference against ``none``, questions and padded reader tokens per escalation (the reader's cost:
+~0.3 ms per token on one thread of this VM), and a PNG.
 """
 
 from __future__ import annotations
@@ -56,26 +59,54 @@ from services.router.argevidence import (  # noqa: E402
 )
 
 # arm -> features over what tells the candidates apart only (parameters every candidate has are not read)
-VARIANTS = {"arg evidence": False, "arg evidence (distinct)": True}
+# arm -> (distinct reading, candidates re-ranked, features the calibration chooses from): the product's reading
+# (distinct, top 4, every feature) and cheaper ones, each escalation's cost counted in padded reader tokens
+REQUIRED = ("req_min", "req_mean")
+VARIANTS: dict[str, tuple[bool, int, tuple[str, ...]]] = {
+    "arg evidence": (False, 4, FEATURES),
+    "arg evidence (distinct)": (True, 4, FEATURES),
+    "required, top 4": (True, 4, REQUIRED),
+    "required, top 2": (True, 2, REQUIRED),
+}
 
 __all__ = ["ALPHAS", "CLIP", "ESCALATE_Q", "FEATURES", "ReaderCache", "candidate_feature", "margins", "rerank"]
 
 
 class ReaderCache:
-    """The slot reader's scores per (request text, tool), computed once."""
+    """The slot reader's scores per (request text, tool), computed once, and each question's token count (question +
+    request context, as the reader's batch holds it)."""
 
     def __init__(self, model, by_name):
         self.model, self.by_name = model, by_name
         self.cache: dict[tuple[str, str], list[tuple[str, bool, float]]] = {}
+        self.tokens: dict[tuple[str, str, str], int] = {}
         self.line_seconds: list[float] = []
 
     def read(self, text: str, tools: Sequence[str]) -> list[list[tuple[str, bool, float]]]:
+        from services.engine.slots import slot_context, slot_params, slot_question
+
         t0, fresh = time.perf_counter(), [n for n in tools if (text, n) not in self.cache]
         for name in fresh:
             self.cache[(text, name)] = read(self.model, text, [self.by_name[name]], required_only=False)[0]
         if fresh:
             self.line_seconds.append(time.perf_counter() - t0)
+            ctx, _ = slot_context(text)
+            for name in fresh:
+                tool = self.by_name[name]
+                qs = [(p, slot_question(tool, p, prop)) for p, prop in slot_params(tool)]
+                if qs:
+                    enc = self.model.tokenizer([q for _, q in qs], [ctx] * len(qs), truncation="only_second",
+                                               max_length=self.model.max_len)
+                    self.tokens.update({(text, name, p): len(ids) for (p, _), ids in zip(qs, enc["input_ids"],
+                                                                                         strict=True)})
         return [self.cache[(text, n)] for n in tools]
+
+    def padded_tokens(self, text: str, tools: Sequence[str], readings: Sequence[Sequence[tuple[str, bool, float]]],
+                      required_only: bool) -> int:
+        """Tokens of the one batch that reads ``readings`` (questions x the longest): the reader's cost."""
+        lens = [self.tokens[(text, n, p)] for n, rd in zip(tools, readings, strict=True) for p, r, _ in rd
+                if r or not required_only]
+        return len(lens) * max(lens) if lens else 0
 
 
 def plot(report: dict, path: str) -> None:
@@ -92,7 +123,6 @@ def main() -> int:
     add_protocol_args(ap, sizes="10,250,all", calibration=True)
     ap.add_argument("--folds", default="0,1,2")
     ap.add_argument("--draws", type=int, default=3)
-    ap.add_argument("--top-k", type=int, default=4)
     ap.add_argument("--slots", default="var/models/slots", help="the slot reader (nexus train-slots)")
     ap.add_argument("--json", default="reports/routing_arg_evidence.json")
     a = ap.parse_args()
@@ -109,12 +139,15 @@ def main() -> int:
     lines, sizes = proto.lines, proto.sizes
     reader = SlotModel(a.slots, threads=1)
     cache = ReaderCache(reader, by_name)
-    k = a.top_k
+    k = max(t for _, t, _ in VARIANTS.values())
 
     def features(text: str, top: np.ndarray, distinct: bool) -> tuple[dict[str, np.ndarray], list]:
         readings = cache.read(text, [names[j] for j in top])
         readings = drop_shared(readings) if distinct else readings
         return {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES}, readings
+
+    def read_all(text: str, tools: list[str]) -> list:
+        return cache.read(text, tools)
 
     arms = ("none", *VARIANTS)
     per_fold: dict[str, dict] = {}
@@ -133,8 +166,9 @@ def main() -> int:
 
         fold = {"model": fm.dir.name, "n": len(fm.idxs), "n_choose": len(fm.choose), "arms": {}}
         chosen = {}
-        for arm, distinct in VARIANTS.items():
-            sec = calibrate(decide, fm.choose, by_name.get, reader, fm.meta, top_k=k, distinct=distinct)
+        for arm, (distinct, top_k, feats_of_arm) in VARIANTS.items():
+            sec = calibrate(decide, fm.choose, by_name.get, reader, fm.meta, top_k=top_k, distinct=distinct,
+                            features=feats_of_arm, read_all=read_all)
             chosen[arm] = sec
             fold["arms"][arm] = {key: sec[key] for key in ("feature", "alpha", "tau", "quantile", "choose_top1_slb",
                                                          "choose_top1", "choose_escalation_rate", "best_if_kept")}
@@ -147,6 +181,7 @@ def main() -> int:
             n_esc = {arm: 0 for arm in VARIANTS}
             esc_right = {arm: {"none": [], "arm": []} for arm in VARIANTS}
             reads = {arm: [] for arm in VARIANTS}
+            tokens = {arm: [] for arm in VARIANTS}
             for d, regs in enumerate(proto.draw_regs):
                 for r, i in enumerate(fm.idxs):
                     mask = np.zeros(len(names), bool)
@@ -155,14 +190,17 @@ def main() -> int:
                     top = np.argsort(-sc, kind="stable")[:k]
                     m = float(margins(sc[None])[0])
                     pick = {arm: int(top[0]) for arm in arms}
-                    for arm, distinct in VARIANTS.items():
+                    for arm, (distinct, top_k, _) in VARIANTS.items():
                         sec = chosen[arm]
                         if sec["feature"] != "none" and m < sec["tau"]:
-                            feats, readings = features(fm.held[r].text, top, distinct)
-                            pick[arm] = int(top[rerank(sc[top], feats[sec["feature"]], sec["alpha"])[0]])
+                            cand = top[:top_k]
+                            feats, readings = features(fm.held[r].text, cand, distinct)
+                            pick[arm] = int(cand[rerank(sc[cand], feats[sec["feature"]], sec["alpha"])[0]])
                             n_esc[arm] += 1
-                            reads[arm].append(sum(len([x for x in rd if sec["feature"] == "stated" or x[1]])
-                                                  for rd in readings))
+                            req_only = sec["feature"] != "stated"
+                            reads[arm].append(sum(len([x for x in rd if not req_only or x[1]]) for rd in readings))
+                            tokens[arm].append(cache.padded_tokens(fm.held[r].text, [names[j] for j in cand],
+                                                                   readings, req_only))
                             esc_right[arm]["none"].append(names[top[0]] in fm.held[r].positives)
                             esc_right[arm]["arm"].append(names[pick[arm]] in fm.held[r].positives)
                     for arm in arms:
@@ -175,10 +213,13 @@ def main() -> int:
                     "escalation_rate": n_esc[arm] / max(1, len(row["none"])),
                     "escalated_top1_none": float(np.mean(esc_right[arm]["none"])) if n_esc[arm] else None,
                     "escalated_top1": float(np.mean(esc_right[arm]["arm"])) if n_esc[arm] else None,
-                    "questions_per_escalation_mean": float(np.mean(reads[arm])) if reads[arm] else None}
+                    "questions_per_escalation_mean": float(np.mean(reads[arm])) if reads[arm] else None,
+                    "padded_tokens_per_escalation_p50": float(np.median(tokens[arm])) if tokens[arm] else None,
+                    "padded_tokens_per_escalation_p99": float(np.quantile(tokens[arm], 0.99)) if tokens[arm] else None}
             print(f"fold {f} N={s}: none {100 * np.mean(row['none']):.1f} | " + " | ".join(
                 f"{arm} {100 * np.mean(row[arm]):.1f} (escalated {100 * n_esc[arm] / len(row['none']):.1f} %, "
-                f"{np.mean(reads[arm]) if reads[arm] else 0:.1f} questions)" for arm in VARIANTS), flush=True)
+                f"{np.mean(reads[arm]) if reads[arm] else 0:.1f} questions, "
+                f"{np.median(tokens[arm]) if tokens[arm] else 0:.0f} tokens)" for arm in VARIANTS), flush=True)
         per_fold[str(f)] = fold
 
     pooled, paired = pool_line_draws(hits, "none")
@@ -188,7 +229,9 @@ def main() -> int:
     questions = {arm: {s: float(np.mean([per_fold[f]["arms"][arm]["sizes"][s]["questions_per_escalation_mean"] or 0
                                          for f in per_fold])) for s in sizes} for arm in VARIANTS}
     report = {"folds": [int(x) for x in a.folds.split(",")], "n": sum(v["n"] for v in per_fold.values()),
-              "draws": a.draws, "top_k": k, "grids": {"features": list(FEATURES), "alphas": list(ALPHAS),
+              "draws": a.draws, "top_k": k, "variants": {arm: {"distinct": d, "top_k": t, "features": list(fs)}
+                                                         for arm, (d, t, fs) in VARIANTS.items()},
+              "grids": {"features": list(FEATURES), "alphas": list(ALPHAS),
                                                        "escalate_quantiles": list(ESCALATE_Q), "clip": CLIP,
                                                        "min_gain": MIN_GAIN},
               "reader": {"path": a.slots, "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),

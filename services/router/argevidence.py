@@ -203,11 +203,14 @@ def is_current(meta: dict[str, Any], reader, distinct: bool = DISTINCT) -> bool:
 
 def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose: Sequence[Any],
               tool_of: Callable[[str], Tool | None], reader, meta: dict[str, Any], top_k: int = TOP_K,
-              distinct: bool = DISTINCT, progress: bool = False) -> dict[str, Any]:
-    """Choose the feature, alpha and tau on ``choose`` (examples with ``.text`` and ``.positives``): ``decide(text,
-    n)`` gives the SLB's top ``n`` (name, score) as the router ranks them over the full registry; ``distinct``:
-    the features read only what tells the candidates apart (``drop_shared``). Returns the ``arg_evidence`` section
-    of gate.json (``feature`` "none" when nothing gains ``MIN_GAIN``)."""
+              distinct: bool = DISTINCT, progress: bool = False, features: Sequence[str] = FEATURES,
+              read_all: Callable[[str, list[str]], list[Reading]] | None = None) -> dict[str, Any]:
+    """Choose the feature (of ``features``), alpha and tau on ``choose`` (examples with ``.text`` and
+    ``.positives``): ``decide(text, n)`` gives the SLB's top ``n`` (name, score) as the router ranks them over the
+    full registry; ``distinct``: the features read only what tells the candidates apart (``drop_shared``);
+    ``read_all(text, names)``: every span parameter's reading per tool (default: the reader's, now; a bench passes
+    its cache). Returns the ``arg_evidence`` section of gate.json (``feature`` "none" when nothing gains
+    ``MIN_GAIN``)."""
     from tqdm import tqdm
 
     if not choose:
@@ -222,14 +225,17 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
     feats: dict[int, dict[str, np.ndarray]] = {}
     for i in tqdm(esc, desc="argument evidence (reading candidates)", disable=not progress):
         cands = tops[i][:top_k]
-        tools = [tool_of(n) for n, _ in cands]
-        readings = read(reader, choose[i].text, tools, required_only=False, distinct=distinct)
-        feats[i] = {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES}
+        if read_all is None:
+            readings = read(reader, choose[i].text, [tool_of(n) for n, _ in cands], False, distinct)
+        else:
+            readings = read_all(choose[i].text, [n for n, _ in cands])
+            readings = drop_shared(readings) if distinct else readings
+        feats[i] = {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in features}
     none = float(base.mean())
     grid = []
     best = {"top1": none, "feature": "none", "alpha": 0.0, "tau": 0.0, "q": 0.0}
     for q, thr in thrs.items():
-        for feat in FEATURES:
+        for feat in features:
             for alpha in ALPHAS:
                 right = base.copy()
                 for i in esc:

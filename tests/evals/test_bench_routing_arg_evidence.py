@@ -22,6 +22,14 @@ def test_reader_cache_asks_the_real_reader_once_per_request_and_tool(all_tools):
     assert ae.candidate_feature(plain, "req_min", reader.threshold) == 0.0
     assert len(cache.line_seconds) == 1
     assert cache.read(text, ["pods_list"]) == [plain] and len(cache.line_seconds) == 1  # cached: no new reading
+    # the batch that reads them: every question padded to the longest (question + request tokens)
+    tools = ["pods_list_in_namespace", "pods_list"]
+    lens = [cache.tokens[(text, t, n)] for t, rd in zip(tools, (ns, plain), strict=True) for n, _, _ in rd]
+    assert len(lens) == len(ns) + len(plain) and all(n > len(text.split()) for n in lens)
+    assert cache.padded_tokens(text, tools, [ns, plain], False) == len(lens) * max(lens)
+    req = [cache.tokens[(text, "pods_list_in_namespace", n)] for n, r, _ in ns if r]  # pods_list requires none
+    assert cache.padded_tokens(text, tools, [ns, plain], True) == len(req) * max(req) < len(lens) * max(lens)
+    assert cache.padded_tokens(text, ["pods_list"], [plain], True) == 0
 
 
 def test_plot_writes_a_png(tmp_path):
