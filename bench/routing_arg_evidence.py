@@ -24,8 +24,7 @@ threshold (a quantile of the choosing lines' margins) are chosen per fold on the
 lines (full registry, top-1; none of them trained the reader); ``none`` is the SLB alone. Held out: the fold's lines at
 each size over ``--draws`` draws of distractors (the evaluation's registries), the margin taken within each
 registry. Arms (``VARIANTS``): every parameter read; only the parameters not every candidate has (``distinct``, the
-product's reading until v2); and two cheaper ones, required parameters only (``req_*`` features, the product's since
-v2) over the top 4 or top 2.
+product's reading); and two cheaper ones, required parameters only (``req_*`` features) over the top 4 or top 2.
 Written: choices, held-out top-1 per size with bootstrap CIs, escalation rates, accuracy on the escalated lines,
 the paired difference against ``none``, questions and padded reader tokens per escalation (the reader's cost:
 ~0.3 ms per token on one thread of this VM), and a PNG.
@@ -51,7 +50,7 @@ from services.router.argevidence import (  # noqa: E402
     ESCALATE_Q,
     FEATURES,
     MIN_GAIN,
-    PRODUCT_FEATURES,
+    REQUIRED_FEATURES,
     calibrate,
     candidate_feature,
     drop_shared,
@@ -62,13 +61,12 @@ from services.router.argevidence import (  # noqa: E402
 
 # arm -> features over what tells the candidates apart only (parameters every candidate has are not read)
 # arm -> (distinct reading, candidates re-ranked, features the calibration chooses from): every parameter, distinct
-# ones, and the cheaper required-only ones ("required, top 4" is the product since arg-evidence-v2), each
-# escalation's cost counted in padded reader tokens
+# ones (the product), and the cheaper required-only ones, each escalation's cost counted in padded reader tokens
 VARIANTS: dict[str, tuple[bool, int, tuple[str, ...]]] = {
     "arg evidence": (False, 4, FEATURES),
     "arg evidence (distinct)": (True, 4, FEATURES),
-    "required, top 4": (True, 4, PRODUCT_FEATURES),
-    "required, top 2": (True, 2, PRODUCT_FEATURES),
+    "required, top 4": (True, 4, REQUIRED_FEATURES),
+    "required, top 2": (True, 2, REQUIRED_FEATURES),
 }
 
 __all__ = ["ALPHAS", "CLIP", "ESCALATE_Q", "FEATURES", "ReaderCache", "candidate_feature", "margins", "rerank"]

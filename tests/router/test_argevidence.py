@@ -127,10 +127,11 @@ def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it
     assert 0 < doc["tau"] <= 0.05  # only the near-ties escalate
     assert doc["reader"] == ae.reader_key(reader) and doc["slb"] == ae.slb_key(META) and doc["distinct"] is True
     assert ae.is_current({**META, "arg_evidence": doc}, reader)
-    assert len(doc["grid"]) == len(ae.ESCALATE_Q) * len(ae.PRODUCT_FEATURES) * len(ae.ALPHAS)
-    assert doc["feature"] in ae.PRODUCT_FEATURES  # the product reads required parameters only
-    every = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META, features=ae.FEATURES)
-    assert len(every["grid"]) == len(ae.ESCALATE_Q) * len(ae.FEATURES) * len(ae.ALPHAS)
+    assert len(doc["grid"]) == len(ae.ESCALATE_Q) * len(ae.FEATURES) * len(ae.ALPHAS)
+    req = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META,
+                       features=ae.REQUIRED_FEATURES)
+    assert len(req["grid"]) == len(ae.ESCALATE_Q) * len(ae.REQUIRED_FEATURES) * len(ae.ALPHAS)
+    assert req["feature"] in ae.REQUIRED_FEATURES
     # the SLB already right everywhere: nothing to gain, no stage
     right = {t: (r if "namespace" not in t else list(reversed(r))) for t, r in ranks.items()}
     none = ae.calibrate(lambda text, n: right[text][:n], lines, by_name.get, reader, META)
