@@ -178,12 +178,12 @@ def from_gate(meta: dict[str, Any], reader) -> ArgEvidence | None:
     if not doc or reader is None:
         return None
     if doc.get("version") != ARG_EVIDENCE_VERSION:
-        log.warning("gate.json arg_evidence is of version %s, not %s: no escalation (run `nexus calibrate-arg-evidence`)",
-                    doc.get("version"), ARG_EVIDENCE_VERSION)
+        log.warning("gate.json arg_evidence is of version %s, not %s: no escalation (`make models` or `nexus "
+                    "train-gate --slots DIR` calibrates it)", doc.get("version"), ARG_EVIDENCE_VERSION)
         return None
     if doc.get("reader") != reader_key(reader) or doc.get("slb") != slb_key(meta):
         log.warning("gate.json arg_evidence was calibrated for another slot reader or SLB calibration: no escalation "
-                    "(run `nexus calibrate-arg-evidence`)")
+                    "(`make models` or `nexus train-gate --slots DIR` calibrates it)")
         return None
     if doc.get("feature") in (None, "none"):
         return None

@@ -160,7 +160,7 @@ def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, capl
     other_reader = {**section, "reader": {**section["reader"], "threshold": 9.0}}
     assert ae.from_gate({**META, "arg_evidence": other_reader}, reader) is None
     assert ae.from_gate({**META, "arg_evidence": {**section, "version": "arg-evidence-v0"}}, reader) is None
-    assert sum("calibrate-arg-evidence" in r.message for r in caplog.records) == 3
+    assert sum("train-gate --slots" in r.message for r in caplog.records) == 3
     assert ae.from_gate({**META, "arg_evidence": {**section, "alpha": float("nan")}}, reader) is None
     assert ae.from_gate({**META, "arg_evidence": {**section, "feature": "vibes"}}, reader) is None
     no_alpha = {k: v for k, v in section.items() if k != "alpha"}
