@@ -36,7 +36,7 @@ class RouterConfig(TransportSecurity):
     # The gate's argument-evidence stage (services/router/argevidence.py): escalated requests (margin < its tau) are
     # re-ranked by what the slot reader finds stated, when the gate model holds a calibration for the reader at
     # slots_model_dir. Off by default: +0.6 points of held-out top-1 at N = 250, but an escalated request takes
-    # ~225 ms on this 2-core VM and ~20 % escalate (gRPC p99 25 -> 560 ms; reports/routing_experiments.md §19).
+    # ~230 ms on this 2-core VM and ~20 % escalate (gRPC p99 27 -> 585 ms; reports/routing_experiments.md §19).
     arg_evidence: bool = False
     slots_model_dir: str = "var/models/slots"
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).

@@ -131,7 +131,7 @@ class Router:
         if not self.config.arg_evidence or not self.config.slots_model_dir:
             if self.gate.info.meta["arg_evidence"].get("feature", "none") != "none":
                 log.info("gate model %s has a calibrated argument-evidence stage; it is off (NEXUS_ROUTER_ARG_EVIDENCE="
-                         "true turns it on: more accurate, ~225 ms per escalated request)", self.gate.info.path)
+                         "true turns it on: more accurate, ~230 ms per escalated request)", self.gate.info.path)
             return None
         if self.gate.info.alpha > 0:  # the cross-encoder earned the second stage: it keeps it
             return None
