@@ -120,9 +120,7 @@ def main() -> int:
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all", calibration=True)
-    ap.add_argument("--folds", default="0,1,2")
-    ap.add_argument("--draws", type=int, default=3)
+    add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3)
     ap.add_argument("--slots", default="var/models/slots", help="the slot reader (nexus train-slots)")
     ap.add_argument("--json", default="reports/routing_arg_evidence.json")
     a = ap.parse_args()

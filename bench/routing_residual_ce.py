@@ -96,9 +96,7 @@ def main() -> int:
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all", calibration=True)
-    ap.add_argument("--folds", default="0")
-    ap.add_argument("--draws", type=int, default=3)
+    add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3, folds="0")
     ap.add_argument("--groups", type=int, default=3000, help="training groups sampled from the exemplar rows")
     ap.add_argument("--top-k", type=int, default=4, help="candidates per training group and per escalation")
     ap.add_argument("--offset", type=float, default=1.0, help="1: the SLB in the loss (residual); 0: without")

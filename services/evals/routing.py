@@ -97,10 +97,12 @@ class Protocol:
         return train, [i for i, g in enumerate(self.fold_of) if g == fold]
 
 
-def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False) -> None:
+def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False, draws: int = 0,
+                      folds: str = "0,1,2") -> None:
     """The arguments every one-fold routing bench shares: the evaluation's data (the shared query file and registry
     beside the checkout), sizes and the gate-model cache; with ``calibration``, the held-out calibration lines
-    (``data/routing_calibration``) the bench chooses its parameters on."""
+    (``data/routing_calibration``) the bench chooses its parameters on; with ``draws`` > 0 (the float benches of
+    ``routing_models.float_bench``), ``--folds`` (default ``folds``) and ``--draws`` (default ``draws``)."""
     shared = Path(__file__).resolve().parents[3] / "shared" / "data"
     data = Path(__file__).resolve().parents[2] / "data"
     ap.add_argument("--queries", default=str(shared / "queries" / "train.jsonl"))
@@ -110,6 +112,9 @@ def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False) 
         ap.add_argument("--calibration", default=str(data / "routing_calibration"))
     ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--models-root", default="var/models")
+    if draws > 0:
+        ap.add_argument("--folds", default=folds)
+        ap.add_argument("--draws", type=int, default=draws)
 
 
 def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str,
