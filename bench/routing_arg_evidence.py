@@ -116,14 +116,17 @@ def plot(report: dict, path: str) -> None:
     plot_pooled(path, report["pooled"], f"Argument evidence on escalated lines ({n} held-out lines x {draws} draws)")
 
 
-def main() -> int:
+def main(argv: Sequence[str] | None = None, reader=None) -> int:
+    """``reader``: a reader object to use instead of the slot reader at ``--slots`` (``score``, ``threshold``,
+    ``meta``, ``tokenizer``, ``max_len`` as services.engine.slots.SlotModel has them; bench/routing_stated_probe.py
+    passes its probe)."""
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3)
     ap.add_argument("--slots", default="var/models/slots", help="the slot reader (nexus train-slots)")
     ap.add_argument("--json", default="reports/routing_arg_evidence.json")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     prepare_training_env()
 
@@ -135,7 +138,7 @@ def main() -> int:
     fb = float_bench(a)
     proto, names, pos, by_name, keys, calib = fb.proto, fb.names, fb.pos, fb.by_name, fb.keys, fb.calib
     lines, sizes = proto.lines, proto.sizes
-    reader = SlotModel(a.slots, threads=1)
+    reader = reader if reader is not None else SlotModel(a.slots, threads=1)
     cache = ReaderCache(reader, by_name)
     k = max(t for _, t, _ in VARIANTS.values())
 
@@ -232,7 +235,7 @@ def main() -> int:
               "grids": {"features": list(FEATURES), "alphas": list(ALPHAS),
                                                        "escalate_quantiles": list(ESCALATE_Q), "clip": CLIP,
                                                        "min_gain": MIN_GAIN},
-              "reader": {"path": a.slots, "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),
+              "reader": {"path": reader.meta.get("path", a.slots), "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),
                          "ms_per_uncached_line_all_params_p50": round(1000 * float(np.median(secs)), 1),
                          "threads": 1},
               "escalation_rate_mean_over_folds": escalation, "questions_per_escalation_mean_over_folds": questions,
