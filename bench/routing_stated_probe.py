@@ -129,30 +129,21 @@ def by_context(examples) -> list[tuple[str, list]]:
 
 def train_span(model, tok, groups, epochs: int = 2, bs: int = 16, lr: float = 5e-5, seed: int = 0,
                progress: bool = True) -> list[float]:
-    import torch
     from tqdm import tqdm
-    from transformers import get_linear_schedule_with_warmup
+
+    from services.engine.slot_training import adamw_schedule, optimizer_step
 
     rng = random.Random(seed)
     groups = list(groups)
     steps = epochs * math.ceil(len(groups) / bs)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = get_linear_schedule_with_warmup(opt, int(0.1 * steps), steps)
+    opt, sched = adamw_schedule(model, lr, steps, 0.1)
     losses: list[float] = []
     model.train()
     with tqdm(total=steps, desc="probe (span)", disable=not progress, file=sys.stderr) as bar:
         for _ in range(epochs):
             rng.shuffle(groups)
             for b in range(0, len(groups), bs):
-                loss, _, _ = span_loss(model, tok, groups[b:b + bs])
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                opt.zero_grad()
-                losses.append(loss.item())
-                bar.update(1)
-                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+                optimizer_step(model, opt, sched, span_loss(model, tok, groups[b:b + bs])[0], losses, bar)
     model.eval()
     return losses
 
@@ -190,15 +181,15 @@ def distill(model, tok, teacher, groups, bs: int = 16, lr: float = 3e-5, seed: i
     """One pass over ``teacher`` (smooth L1 to the reader's clipped score), a span batch every other step."""
     import torch
     from tqdm import tqdm
-    from transformers import get_linear_schedule_with_warmup
+
+    from services.engine.slot_training import adamw_schedule, optimizer_step
 
     rng = random.Random(seed)
     teacher, groups = list(teacher), list(groups)
     rng.shuffle(teacher)
     rng.shuffle(groups)
     steps = math.ceil(len(teacher) / bs)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = get_linear_schedule_with_warmup(opt, int(0.05 * steps), steps)
+    opt, sched = adamw_schedule(model, lr, steps, 0.05)
     losses: list[float] = []
     model.train()
     with tqdm(total=steps, desc="probe (distill)", disable=not progress, file=sys.stderr) as bar:
@@ -207,16 +198,10 @@ def distill(model, tok, teacher, groups, bs: int = 16, lr: float = 3e-5, seed: i
             logits, _ = probe_logits(model, tok, [c for c, _, _ in batch], [q for _, q, _ in batch])
             target = torch.tensor([v for _, _, y in batch for v in y]).clamp(-CLIP, CLIP)
             loss = torch.nn.functional.smooth_l1_loss(stated_score(logits).clamp(-1.5 * CLIP, 1.5 * CLIP), target)
-            losses.append(loss.item())
+            shown = loss.item()  # the distillation loss alone
             if k % 2 == 0:
                 loss = loss + span_loss(model, tok, groups[(k // 2) * bs % len(groups):][:bs])[0]
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            optimizer_step(model, opt, sched, loss, losses, bar, shown)
     model.eval()
     return losses
 

@@ -229,6 +229,30 @@ def data_hash(train: Sequence[SlotExample], val: Sequence[SlotExample], hp: Slot
     return h.hexdigest()[:16]
 
 
+def adamw_schedule(model, lr: float, steps: int, warmup: float):
+    """AdamW (weight decay 0.01) with a linear schedule warming up over ``warmup`` of ``steps``."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    return opt, get_linear_schedule_with_warmup(opt, int(warmup * steps), steps)
+
+
+def optimizer_step(model, opt, sched, loss, losses: list[float], bar, shown: float | None = None) -> None:
+    """One step on ``loss`` (gradients clipped to norm 1); ``shown`` (default: the loss) is appended to ``losses``
+    and the last 20's mean shown on the progress ``bar``."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    losses.append(loss.item() if shown is None else shown)
+    bar.update(1)
+    bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+
+
 def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Sequence[Tool], out: str | Path,
                 hp: SlotHyperParams = SlotHyperParams(), base: str | Path = "", progress: bool = True,
                 force: bool = False) -> dict[str, Any]:
@@ -236,7 +260,7 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
     Keeps an existing model whose data hash matches (unless ``force``)."""
     import torch
     from tqdm import tqdm
-    from transformers import AutoModelForQuestionAnswering, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
     from services.common.models import resolve_embedder
 
@@ -264,8 +288,7 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
     lengths = [len(ids) for ids in tokenizer([e.question for e in train], [e.context for e in train],
                                              truncation="only_second", max_length=hp.max_len)["input_ids"]]
     steps = hp.epochs * ((len(train) + hp.batch_size - 1) // hp.batch_size)
-    opt = torch.optim.AdamW(model.parameters(), lr=hp.lr, weight_decay=0.01)
-    sched = get_linear_schedule_with_warmup(opt, int(hp.warmup * steps), steps)
+    opt, sched = adamw_schedule(model, hp.lr, steps, hp.warmup)
     loss_fn = torch.nn.CrossEntropyLoss()
     bar = tqdm(total=steps, desc="slot reader", unit="step", disable=not progress, file=sys.stderr)
     losses: list[float] = []
@@ -279,14 +302,7 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
             padded += enc["input_ids"].numel()
             o = model(**enc)
             loss = (loss_fn(o.start_logits, s) + loss_fn(o.end_logits, e)) / 2
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            optimizer_step(model, opt, sched, loss, losses, bar)
     bar.close()
 
     preds = predict(model, tokenizer, val, hp.max_len)
