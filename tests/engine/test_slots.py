@@ -278,3 +278,28 @@ MOVE = parse_tool({"name": "browser_mouse_move_xy", "description": "Move mouse t
 def test_trained_reader_gives_number_pairs_in_the_order_stated(reader, tool, query, want):
     hints = reader.hints(tool, query)
     assert {k: query[h.start:h.end] for k, h in hints.items() if k in want} == want
+
+
+def test_train_slots_fine_tunes_a_reader_that_loads_and_keeps_it_while_the_data_match(tmp_path):
+    """A real (tiny) fine-tune from the all-MiniLM-L6-v2 weights: one step over a few lines, its threshold chosen on
+    their examples, written atomically; the same data again keeps it, other data retrains."""
+    from services.engine.slot_training import train_slots
+    from services.engine.slots import SlotModel
+
+    lines = [QueryLine(id=f"s{i}", server="github", tool="get_label", query=q, args=a) for i, (q, a) in enumerate([
+        ("get the bug label of octo-org/web-app", {"owner": "octo-org", "repo": "web-app", "name": "bug"}),
+        ("show label triage in acme/api", {"owner": "acme", "repo": "api", "name": "triage"}),
+        ("what does the wontfix label in me/site look like", {"owner": "me", "repo": "site", "name": "wontfix"}),
+    ])]
+    hp = SlotHyperParams(epochs=1, batch_size=16)
+    out = tmp_path / "slots"
+    doc = train_slots(lines, lines, [TOOL], out, hp, progress=False)
+    assert doc["n_train"] == len(make_examples(lines, {"get_label": TOOL}, hp)) and doc["n_train_lines"] == 3
+    assert np.isfinite(doc["train_loss_last"]) and 0.0 <= doc["val_accuracy"] <= 1.0
+    assert SlotModel.exists(out) and not (tmp_path / "slots.tmp").exists()
+    model = SlotModel(out, threads=1)
+    assert model.threshold == doc["threshold"]
+    assert len(model.score(["owner?", "repo?"], "get the bug label of octo-org/web-app")) == 2
+    assert train_slots(lines, lines, [TOOL], out, hp, progress=False) == doc  # cached: the same data
+    again = train_slots(lines[:2], lines, [TOOL], out, hp, progress=False)
+    assert again["data_hash"] != doc["data_hash"] and again["n_train_lines"] == 2
