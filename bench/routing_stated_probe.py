@@ -251,7 +251,8 @@ class ProbeReader:
 
         if not questions:
             return []
-        torch.set_num_threads(self.threads)
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             q = self._qvecs(questions)
             enc = self.tokenizer([context], truncation=True, max_length=CTX_LEN, return_tensors="pt")
@@ -377,9 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.save(model.state_dict(), span_w)
         log["span"] = {"seconds": round(time.time() - t, 1), "loss_last": float(np.mean(losses[-20:]))}
     model.eval()
-    arms = {"probe (span)": None}
-    with torch.inference_mode():
-        arms["probe (span)"] = probe_val_scores(model, tok, val)
+    arms = {"probe (span)": probe_val_scores(model, tok, val)}
     if a.distill:
         if dist_w.is_file() and not a.retrain:
             model.load_state_dict(torch.load(dist_w))
