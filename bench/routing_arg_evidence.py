@@ -116,10 +116,11 @@ def plot(report: dict, path: str) -> None:
     plot_pooled(path, report["pooled"], f"Argument evidence on escalated lines ({n} held-out lines x {draws} draws)")
 
 
-def main(argv: Sequence[str] | None = None, reader=None) -> int:
+def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int:
     """``reader``: a reader object to use instead of the slot reader at ``--slots`` (``score``, ``threshold``,
     ``meta``, ``tokenizer``, ``max_len`` as services.engine.slots.SlotModel has them; bench/routing_stated_probe.py
-    passes its probe)."""
+    passes its probe); ``reader_for(fold_model)``: a reader per fold model instead (bench/routing_late_reader.py's
+    read the fold's own query encoder)."""
     from services.evals.routing import add_protocol_args
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -138,23 +139,30 @@ def main(argv: Sequence[str] | None = None, reader=None) -> int:
     fb = float_bench(a)
     proto, names, pos, by_name, keys, calib = fb.proto, fb.names, fb.pos, fb.by_name, fb.keys, fb.calib
     lines, sizes = proto.lines, proto.sizes
-    reader = reader if reader is not None else SlotModel(a.slots, threads=1)
-    cache = ReaderCache(reader, by_name)
+    if reader_for is None:
+        reader = reader if reader is not None else SlotModel(a.slots, threads=1)
     k = max(t for _, t, _ in VARIANTS.values())
-
-    def features(text: str, top: np.ndarray, distinct: bool) -> tuple[dict[str, np.ndarray], list]:
-        readings = cache.read(text, [names[j] for j in top])
-        readings = drop_shared(readings) if distinct else readings
-        return {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES}, readings
-
-    def read_all(text: str, tools: list[str]) -> list:
-        return cache.read(text, tools)
+    secs_all: list[float] = []
 
     arms = ("none", *VARIANTS)
     per_fold: dict[str, dict] = {}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in sizes} for arm in arms}
     for f in [int(x) for x in a.folds.split(",")]:
         fm = fb.fold(f, a.models_root)
+        if reader_for is not None:
+            reader = reader_for(fm)
+        cache = ReaderCache(reader, by_name)
+
+        def features(text: str, top: np.ndarray, distinct: bool, cache=cache, reader=reader
+                     ) -> tuple[dict[str, np.ndarray], list]:
+            readings = cache.read(text, [names[j] for j in top])
+            readings = drop_shared(readings) if distinct else readings
+            return ({f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES},
+                    readings)
+
+        def read_all(text: str, tools: list[str], cache=cache) -> list:
+            return cache.read(text, tools)
+
         tb = fm.meta["slb"].get("tool_bias") or {}
         bias = np.array([float(tb.get(n, 0.0)) for n in names], np.float32)
         cs = fm.scores([e.text for e in fm.choose], keys) + bias
@@ -222,9 +230,10 @@ def main(argv: Sequence[str] | None = None, reader=None) -> int:
                 f"{np.mean(reads[arm]) if reads[arm] else 0:.1f} questions, "
                 f"{np.median(tokens[arm]) if tokens[arm] else 0:.0f} tokens)" for arm in VARIANTS), flush=True)
         per_fold[str(f)] = fold
+        secs_all.extend(cache.line_seconds)
 
     pooled, paired = pool_line_draws(hits, "none")
-    secs = np.array(cache.line_seconds) if cache.line_seconds else np.zeros(1)
+    secs = np.array(secs_all) if secs_all else np.zeros(1)
     escalation = {arm: {s: float(np.mean([per_fold[f]["arms"][arm]["sizes"][s]["escalation_rate"] for f in per_fold]))
                         for s in sizes} for arm in VARIANTS}
     questions = {arm: {s: float(np.mean([per_fold[f]["arms"][arm]["sizes"][s]["questions_per_escalation_mean"] or 0

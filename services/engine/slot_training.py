@@ -19,7 +19,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -102,14 +102,16 @@ def find_value(context: str, value: str) -> tuple[int, int] | None:
 
 
 def make_examples(lines: Sequence[Any], tools: dict[str, Tool], hp: SlotHyperParams,
-                  negatives: bool = True) -> list[SlotExample]:
+                  negatives: bool = True, source: Callable[[Any], str] | None = None) -> list[SlotExample]:
+    """The reader's examples of ``lines``; ``source(line)``: the text a line's context is cut from (default: the
+    engine's copy source, ``request_source``)."""
     rng = random.Random(hp.seed)
     out: list[SlotExample] = []
     for ln in lines:
         tool = tools.get(ln.tool)
         if tool is None:
             continue
-        context, _ = slot_context(request_source(ln.query, ln.history, hp))
+        context, _ = slot_context(source(ln) if source else request_source(ln.query, ln.history, hp))
         unstated = []
         for name, prop in slot_params(tool):
             q = slot_question(tool, name, prop)

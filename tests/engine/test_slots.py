@@ -89,6 +89,19 @@ def test_examples_point_at_stated_values_and_sample_unstated_parameters():
     assert "per_page" in neg and len(neg) == 2  # stated as 5, not in the request: no span; + one unstated
 
 
+def test_examples_cut_their_context_from_the_given_source():
+    ln = QueryLine(id="x-2", server="github", tool="get_label", query="label 'bug' details, octo-org/web-app",
+                   args={"owner": "octo-org", "repo": "web-app", "name": "bug"}, history=())
+    default = make_examples([ln], {"get_label": TOOL}, SlotHyperParams(max_negatives=1))
+    routed = make_examples([ln], {"get_label": TOOL}, SlotHyperParams(max_negatives=1),
+                           source=lambda line: "request: " + line.query)
+    assert {e.context for e in routed} == {"request: label 'bug' details, octo-org/web-app"} != {
+        e.context for e in default}
+    assert {e.param: e.context[e.start:e.end] for e in routed if e.start >= 0} == {
+        e.param: e.context[e.start:e.end] for e in default if e.start >= 0}
+    assert [e.param for e in routed] == [e.param for e in default]  # the same questions and negatives
+
+
 def test_length_batches_cover_every_example_once_and_pad_less_than_a_plain_shuffle():
     import random
 

@@ -1,0 +1,530 @@
+"""A reader on the router's own encoding: can the argument-evidence stage fit the latency budget? (issue 4)
+
+    nice -n 19 .venv/bin/python bench/routing_late_reader.py --json reports/routing_late_reader.json
+
+The argument-evidence stage (services/router/argevidence.py, reports/routing_experiments.md §19) gains ~0.6 points at
+N = 250, but its slot reader cross-encodes every (parameter question, request) pair: ~250 ms per escalated request on
+one thread. The late-interaction probe of §20 reads in ~20 ms, but only because it drops the cross-attention, and
+without it the gain is gone. Most of the probe's 20 ms is one MiniLM pass over the request, and the router has already
+made that pass: its query encoder runs over the same routing text to embed it. This reader reuses it:
+
+* the request's token states are the router's query encoder's hidden states (all ``LAYERS``, the embeddings and each
+  of its 6 layers; the ONNX graph can output them beside the sentence vector, measured below), frozen;
+* each parameter question is encoded by the same frozen encoder once per registry, and cached;
+* a learned mix of the layers is projected to ``D`` dimensions, and ``K`` small pre-norm transformer layers run over
+  [question; request]. The request's tokens attend to the question's and their own; the question's tokens attend to
+  themselves only. Their states therefore depend on the question alone, and their keys and values are cached per
+  question as well. What an escalation computes is the K small layers over the request's tokens, once per question;
+* a start/end head as the slot reader's. "Not stated" is the request's [CLS] token, and a question's score is its best
+  span's logit minus that (``services.engine.slots.top_spans``).
+
+It is trained like the slot reader, on the slot reader's examples from the augment lines (``slot_training.make_examples``,
+with the routing text as the context the router encodes), for the gate model whose encoder it reads: one head per fold
+model (``--folds``) and one for the production model (``--gate``). Cached in ``--out`` per gate model.
+
+Measured:
+* stated-vs-unstated on the slot reader's validation examples (train.jsonl's tune split), the slot reader beside it;
+* the routing gain, by bench/routing_arg_evidence.py with each fold's head as its reader (``--routing-json``);
+* the reading time per escalated request of the production router on ``--calibration``, one thread: the head alone
+  (question states cached, the request's states handed over as the router would), and what it costs the router's ONNX
+  pass to also output the hidden states.
+Nothing trains on train.jsonl or the calibration lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from services.evals.routing_models import prepare_training_env  # noqa: E402
+
+D = 128
+K = 2
+LAYERS = 7  # the embeddings and MiniLM-L6's 6 layers
+MAX_LEN = 256  # the query encoder's
+HEAD_VERSION = "late-reader-v1"
+
+
+def build_head(d: int = D, k: int = K, hidden: int = 384, layers: int = LAYERS):
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        """Pre-norm attention + feed-forward; ``kv`` gives the question's cached keys and values at this layer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = max(1, d // 64)
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+            self.drop = nn.Dropout(0.1)
+
+        def split(self, x):
+            b, n, _ = x.shape
+            return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+        def forward(self, x, mask, kv=None):
+            """``x``: (B, N, d) queries; ``kv``: (keys, values) of the tokens before x (B, heads, M, d/heads);
+            ``mask``: (B, 1, N, M + N) True where a query may attend."""
+            q, k_, v = self.qkv(self.ln1(x)).chunk(3, -1)
+            q, k_, v = self.split(q), self.split(k_), self.split(v)
+            own = (k_, v)
+            if kv is not None:
+                k_, v = torch.cat([kv[0], k_], 2), torch.cat([kv[1], v], 2)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k_, v, attn_mask=mask)
+            x = x + self.drop(self.o(a.transpose(1, 2).reshape(x.shape)))
+            return x + self.drop(self.ff(self.ln2(x))), own
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mix = nn.Parameter(torch.zeros(layers))
+            self.norm = nn.LayerNorm(hidden)
+            self.proj = nn.Linear(hidden, d)
+            self.seg = nn.Embedding(2, d)
+            self.layers = nn.ModuleList([Layer() for _ in range(k)])
+            self.out_norm = nn.LayerNorm(d)
+            self.qa = nn.Linear(d, 2)
+
+        def embed(self, h, seg: int):
+            """(B, layers, N, hidden) frozen states -> (B, N, d)."""
+            x = torch.einsum("blnh,l->bnh", h, torch.softmax(self.mix, 0))
+            return self.proj(self.norm(x)) + self.seg.weight[seg]
+
+        def question_kv(self, hq, mq):
+            """Each layer's (keys, values) of the questions (B, Lq): they attend to themselves only."""
+            x = self.embed(hq, 0)
+            mask = mq[:, None, None, :].expand(-1, 1, x.shape[1], -1)
+            out = []
+            for layer in self.layers:
+                x, kv = layer(x, mask)
+                out.append(kv)
+            return out
+
+        def forward(self, qkv, mq, hc, mc):
+            """Start and end logits over the request's tokens (B, Lc) given the questions' cached keys and values
+            (``question_kv``) and the request's frozen states ``hc`` (B, layers, Lc, hidden) or, broadcast, (1, ...)."""
+            x = self.embed(hc, 1)
+            b = max(x.shape[0], mq.shape[0])
+            x = x.expand(b, -1, -1)
+            keys = torch.cat([mq, mc.expand(b, -1)], 1)[:, None, None, :].expand(-1, 1, x.shape[1], -1)
+            for layer, kv in zip(self.layers, qkv, strict=True):
+                x, _ = layer(x, keys, kv)
+            lo = self.qa(self.out_norm(x))
+            return lo[..., 0], lo[..., 1]
+
+    return Head()
+
+
+def encode_states(transformer, tokenizer, texts: Sequence[str], bs: int = 64) -> dict[str, tuple]:
+    """text -> (hidden states (LAYERS, n, hidden) float16, character offsets (n, 2)) under the frozen encoder."""
+    import torch
+
+    out: dict[str, tuple] = {}
+    todo = sorted(set(texts), key=len)
+    for b in range(0, len(todo), bs):
+        chunk = todo[b:b + bs]
+        enc = tokenizer(chunk, truncation=True, max_length=MAX_LEN, padding=True, return_offsets_mapping=True,
+                        return_tensors="pt")
+        offsets = enc.pop("offset_mapping").numpy()
+        with torch.inference_mode():
+            hs = torch.stack(transformer(**enc, output_hidden_states=True).hidden_states, 1)
+        for i, text in enumerate(chunk):
+            n = int(enc["attention_mask"][i].sum())
+            out[text] = (hs[i, :, :n].to(torch.float16), offsets[i, :n])
+    return out
+
+
+def answer_tokens(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
+    """The first and last context tokens of a character span ((0, 0): not stated, or not found)."""
+    s = t = 0
+    if start >= 0:
+        for j in range(1, len(offsets) - 1):
+            a, b = offsets[j]
+            if s == 0 and a <= start < b:
+                s = j
+            if a < end <= b:
+                t = j
+        if not (s and t and t >= s):
+            s = t = 0
+    return s, t
+
+
+def pad_states(states: Sequence[Any]):
+    """(B, LAYERS, N, hidden) float32 and the (B, N) mask of a list of (LAYERS, n, hidden) tensors."""
+    import torch
+
+    n = max(s.shape[1] for s in states)
+    h = torch.zeros(len(states), states[0].shape[0], n, states[0].shape[2])
+    m = torch.zeros(len(states), n, dtype=torch.bool)
+    for i, s in enumerate(states):
+        h[i, :, :s.shape[1]] = s.float()
+        m[i, :s.shape[1]] = True
+    return h, m
+
+
+def span_mask(mc):
+    """Where an answer may start or end: the request's tokens without [CLS] (the "not stated" answer) and [SEP]."""
+    import torch
+
+    allow = mc.clone()
+    allow[:, 0] = False
+    last = mc.sum(1) - 1
+    allow[torch.arange(len(mc)), last] = False
+    return allow
+
+
+def logits(head, qstates, cstates):
+
+    hq, mq = pad_states(qstates)
+    hc, mc = pad_states(cstates)
+    s, e = head(head.question_kv(hq, mq), mq, hc, mc)
+    keep = span_mask(mc)
+    keep[:, 0] = True
+    return s.masked_fill(~keep, -1e4), e.masked_fill(~keep, -1e4), mc
+
+
+def train_head(head, examples, qs: dict, cs: dict, epochs: int = 8, bs: int = 32, lr: float = 5e-4, seed: int = 0,
+               progress: bool = True, label: str = "late reader") -> list[float]:
+    """Start/end cross-entropy as the slot reader's (the answer's first and last token, or [CLS] = not stated)."""
+    import torch
+    from tqdm import tqdm
+
+    from services.engine.slot_training import adamw_schedule, optimizer_step
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    examples = list(examples)
+    steps = epochs * math.ceil(len(examples) / bs)
+    opt, sched = adamw_schedule(head, lr, steps, 0.06)
+    ce = torch.nn.CrossEntropyLoss()
+    losses: list[float] = []
+    head.train()
+    with tqdm(total=steps, desc=label, disable=not progress, file=sys.stderr) as bar:
+        for _ in range(epochs):
+            rng.shuffle(examples)
+            for b in range(0, len(examples), bs):
+                batch = examples[b:b + bs]
+                s, e, _ = logits(head, [qs[x.question][0] for x in batch], [cs[x.context][0] for x in batch])
+                ans = [answer_tokens(cs[x.context][1], x.start, x.end) for x in batch]
+                loss = (ce(s, torch.tensor([a for a, _ in ans])) + ce(e, torch.tensor([b for _, b in ans]))) / 2
+                optimizer_step(head, opt, sched, loss, losses, bar)
+    head.eval()
+    return losses
+
+
+def stated_scores(head, examples, qs: dict, cs: dict, bs: int = 64) -> np.ndarray:
+    """Each example's best span score minus "not stated"."""
+    import torch
+
+    from services.engine.slots import top_spans
+
+    out = []
+    with torch.inference_mode():
+        for b in range(0, len(examples), bs):
+            batch = examples[b:b + bs]
+            s, e, mc = logits(head, [qs[x.question][0] for x in batch], [cs[x.context][0] for x in batch])
+            allow = span_mask(mc).numpy()
+            out += [top_spans(s[i].numpy(), e[i].numpy(), allow[i])[0][2] for i in range(len(batch))]
+    return np.array(out)
+
+
+class LateReader:
+    """A trained head behind the slot reader's interface (``score``, ``threshold``, ``meta``, ``tokenizer``,
+    ``max_len``: what argevidence.read and bench/routing_arg_evidence.py use). ``score`` encodes the request with the
+    frozen encoder (the router's pass; cached per text); ``score_states`` is the escalation's own work."""
+
+    def __init__(self, head, transformer, tokenizer, threshold: float, meta: dict[str, Any], threads: int = 1):
+        self.head, self.transformer, self.tokenizer = head.eval(), transformer, tokenizer
+        self.threshold, self.meta, self.max_len, self.threads = threshold, meta, MAX_LEN, threads
+        self._q: dict[str, Any] = {}
+        self._c: dict[str, Any] = {}
+
+    def question_cache(self, questions: Sequence[str]) -> None:
+        """Registry-time work: each question's frozen states and the head's keys and values at every layer."""
+        import torch
+
+        new = [q for q in dict.fromkeys(questions) if q not in self._q]
+        states = encode_states(self.transformer, self.tokenizer, new)
+        with torch.inference_mode():
+            for q in new:
+                h = states[q][0].float()[None]
+                kv = self.head.question_kv(h, torch.ones(1, h.shape[2], dtype=torch.bool))
+                self._q[q] = [(k[0], v[0]) for k, v in kv]
+
+    def score_states(self, questions: Sequence[str], hc) -> list[list[tuple[int, int, float]]]:
+        """The escalation: every question's score over the request's states ``hc`` (LAYERS, n, hidden)."""
+        import torch
+
+        from services.engine.slots import top_spans
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        self.question_cache(questions)
+        cached = [self._q[q] for q in questions]
+        lq = max(c[0][0].shape[1] for c in cached)
+        mq = torch.zeros(len(questions), lq, dtype=torch.bool)
+        kv = []
+        for layer in range(len(self.head.layers)):
+            ks = torch.zeros(len(questions), *cached[0][layer][0].shape[:1], lq, cached[0][layer][0].shape[2])
+            vs = torch.zeros_like(ks)
+            for i, c in enumerate(cached):
+                n = c[layer][0].shape[1]
+                ks[i, :, :n], vs[i, :, :n] = c[layer]
+                mq[i, :n] = True
+            kv.append((ks, vs))
+        with torch.inference_mode():
+            mc = torch.ones(1, hc.shape[1], dtype=torch.bool)
+            s, e = self.head(kv, mq, hc.float()[None], mc)
+        allow = span_mask(mc).numpy()[0]
+        return [[top_spans(s[i].numpy(), e[i].numpy(), allow)[0]] for i in range(len(questions))]
+
+    def states(self, context: str):
+        if context not in self._c:
+            self._c.update(encode_states(self.transformer, self.tokenizer, [context]))
+        return self._c[context][0]
+
+    def score(self, questions: list[str], context: str, k: int = 1) -> list[list[tuple[int, int, float]]]:
+        """(token start, token end, score) per question: only the score is read by the stage."""
+        if not questions:
+            return []
+        return self.score_states(questions, self.states(context))
+
+
+def routing_examples(lines, by_name):
+    """The slot reader's examples with the routing text (what the router encodes) as the context."""
+    from services.engine.slot_training import SlotHyperParams, make_examples
+    from services.router.router import routing_text
+
+    return make_examples(lines, by_name, SlotHyperParams(),
+                         source=lambda ln: routing_text(ln.query, list(ln.history), 4))
+
+
+def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, progress: bool = True
+             ) -> tuple[LateReader, dict[str, Any]]:
+    """The head trained for ``gate_dir``'s query encoder (cached in ``out``/<gate>), as a reader, and its record."""
+    import torch
+    from routing_stated_probe import stated_figures
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(gate_dir / "query_encoder"), device="cpu")
+    transformer, tok = st[0].auto_model.eval(), st.tokenizer
+    t0 = time.time()
+    cs = encode_states(transformer, tok, [e.context for e in train + val])
+    qs = encode_states(transformer, tok, [e.question for e in train + val])
+    enc_s = round(time.time() - t0, 1)
+    h = hashlib.sha256(json.dumps([HEAD_VERSION, D, K, epochs, len(train)]).encode())
+    h.update((gate_dir / "query_encoder" / "model.safetensors").read_bytes()[:1 << 20])
+    key = h.hexdigest()[:16]
+    path = out / gate_dir.name / f"head-{key}.pt"
+    torch.manual_seed(0)
+    head = build_head()
+    rec: dict[str, Any] = {"gate": gate_dir.name, "encode_seconds": enc_s}
+    if path.is_file() and not retrain:
+        head.load_state_dict(torch.load(path))
+        rec["reused"] = str(path)
+    else:
+        t = time.time()
+        losses = train_head(head, train, qs, cs, epochs=epochs, progress=progress, label=f"late reader {gate_dir.name}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(head.state_dict(), path)
+        rec.update(seconds=round(time.time() - t, 1), loss_last=float(np.mean(losses[-50:])))
+    head.eval()
+    labels = np.array([e.start >= 0 for e in val])
+    fig = stated_figures(stated_scores(head, val, qs, cs), labels)
+    rec["stated"] = fig
+    rec["mix"] = [round(float(x), 3) for x in torch.softmax(head.mix.detach(), 0)]
+    meta = {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": key, "path": str(path)}
+    return LateReader(head, transformer, tok, fig["threshold"], meta), rec
+
+
+def export_states_graph(transformer, tokenizer, path: Path) -> None:
+    """The router's ONNX graph (transformer, mean pooling, normalization) with the hidden states as a second output."""
+    import warnings
+
+    import torch
+
+    class WithStates(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            o = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           output_hidden_states=True)
+            m = attention_mask.unsqueeze(-1).to(o.last_hidden_state.dtype)
+            v = (o.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(v, dim=-1), torch.stack(o.hidden_states, 1)
+
+    feats = tokenizer(["what time is it in Tokyo", "hi"], padding=True, return_tensors="pt")
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(WithStates(transformer.eval()), tuple(feats[n] for n in names), str(path), dynamo=False,
+                          opset_version=17, input_names=names, output_names=["sentence_embedding", "hidden_states"],
+                          dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names},
+                                        "sentence_embedding": {0: "batch"}, "hidden_states": {0: "batch", 2: "seq"}})
+
+
+def time_onnx(graph: Path, tokenizer, texts: Sequence[str], repeats: int = 3) -> dict[str, float]:
+    """The router's single-request pass (one thread) over ``texts``, per request, fastest of ``repeats`` each."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
+    sess = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
+    inputs = [i.name for i in sess.get_inputs()]
+    lat = []
+    for text in texts:
+        feats = tokenizer([text], return_tensors="np", truncation=True, max_length=MAX_LEN)
+        feed = {n: feats[n].astype(np.int64) for n in inputs}
+        best = math.inf
+        for _ in range(repeats):
+            t = time.perf_counter()
+            sess.run(None, feed)
+            best = min(best, time.perf_counter() - t)
+        lat.append(1000 * best)
+    p = np.percentile(lat, [50, 95, 99])
+    return {"n": len(lat), "p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
+
+
+def time_escalations(reader: LateReader, batches, limit: int) -> dict[str, float]:
+    """The head's work per escalated request, the request's states handed over (as the router's pass gives them)."""
+    lat = []
+    for qs, ctx in batches[:limit]:
+        hc = reader.states(ctx)
+        reader.question_cache(qs)
+        t = time.perf_counter()
+        reader.score_states(qs, hc)
+        lat.append(1000 * (time.perf_counter() - t))
+    p = np.percentile(lat, [50, 90, 95, 99]) if lat else [0.0] * 4
+    return {"n": len(lat), "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3])}
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    arms = list(report["stated"])
+    a1.bar(arms, [report["stated"][a]["auc"] for a in arms], color="tab:blue")
+    a1.set_ylim(0.85, 1.0)
+    a1.tick_params(axis="x", labelrotation=20)
+    a1.set_title("stated vs unstated (validation), AUC")
+    lat = report["read_ms_per_escalation"]
+    x = np.arange(len(lat))
+    for j, q in enumerate(("p50", "p95", "p99")):
+        a2.bar(x + 0.27 * (j - 1), [lat[a][q] for a in lat], 0.27, label=q)
+    a2.axhline(25, color="k", ls=":", lw=1, label="stage budget at p95")
+    a2.set_xticks(x, list(lat))
+    a2.set_yscale("log")
+    a2.set_ylabel("ms per escalated request (one thread)")
+    a2.legend()
+    a2.set_title("reading cost")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--queries", default="../shared/data/queries/train.jsonl", help="validation: its tune split")
+    ap.add_argument("--tools", default="../shared/data/mcp_tools")
+    ap.add_argument("--augment", default="data/routing_augment", help="the heads' training lines")
+    ap.add_argument("--calibration", default="data/routing_calibration", help="lines whose escalations are timed")
+    ap.add_argument("--gate", default="var/models/gate")
+    ap.add_argument("--slots", default="var/models/slots")
+    ap.add_argument("--models-root", default="var/models", help="the fold models (bench/routing_arg_evidence.py's)")
+    ap.add_argument("--out", default="var/models/late-reader", help="heads, reused unless --retrain")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--retrain", action="store_true")
+    ap.add_argument("--time-limit", type=int, default=200, help="escalations timed")
+    ap.add_argument("--json", default="reports/routing_late_reader.json")
+    ap.add_argument("--routing-json", default="reports/routing_late_reader_routing.json",
+                    help="bench/routing_arg_evidence.py with each fold's head ('' skips it)")
+    ap.add_argument("--routing-args", default="--folds 0,1,2 --draws 3")
+    a = ap.parse_args(argv)
+
+    prepare_training_env()
+    import torch
+    from routing_stated_probe import escalations, stated_figures, time_reads
+
+    from services.engine.slot_training import predict
+    from services.engine.slots import SlotModel
+    from services.evals.args import tune_split
+    from services.evals.data import load_queries, load_registry
+    from services.evals.routing import write_report
+    from services.evals.routing_models import load_augment
+
+    t0 = time.time()
+    torch.set_num_threads(2)
+    registry = load_registry(a.tools)
+    by_name = {t.name: t for t in registry.tools}
+    tune, _ = tune_split(load_queries(a.queries))
+    train, val = routing_examples(load_augment(a.augment), by_name), routing_examples(tune, by_name)
+    out = Path(a.out)
+    gate = Path(a.gate).resolve()
+    prod, rec = head_for(gate, train, val, out, a.epochs, a.retrain)
+    heads = {"production": rec}
+    slot = SlotModel(a.slots, threads=1)
+    preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
+    stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val])),
+              "late reader (production encoder)": rec["stated"]}
+
+    batches = escalations(load_augment(a.calibration), registry.tools, a.gate, a.slots)
+    torch.set_num_threads(1)
+    prod.question_cache([q for qs, _ in batches for q in qs])
+    reads = {"slot reader": time_reads(slot, batches, a.time_limit),
+             "late reader (head)": time_escalations(prod, batches, a.time_limit)}
+    with tempfile.TemporaryDirectory(prefix="nexus-late-") as tmp:
+        graph = Path(tmp) / "with_states.onnx"
+        export_states_graph(prod.transformer, prod.tokenizer, graph)
+        from services.router.onnx_encoder import onnx_path
+
+        ctxs = [c for _, c in batches[:a.time_limit]]
+        onnx = {"router pass": time_onnx(onnx_path(gate / "query_encoder"), prod.tokenizer, ctxs),
+                "router pass + hidden states": time_onnx(graph, prod.tokenizer, ctxs)}
+    report: dict[str, Any] = {
+        "stated": stated, "n_val": len(val), "n_train": len(train), "heads": heads, "d": D, "k": K,
+        "read_ms_per_escalation": reads, "onnx_pass_ms": onnx, "escalations": len(batches), "seconds": 0.0,
+        "protocol": "stated vs unstated on the slot examples of train.jsonl's tune split (the routing text as context); "
+                    "reading time over the production router's escalations on the calibration lines, one thread, "
+                    "question keys and values cached, the request's states handed over; ONNX passes fastest of 3; "
+                    "heads trained on the augment lines only, one per gate model"}
+    if a.routing_json:
+        import routing_arg_evidence
+
+        torch.set_num_threads(2)
+
+        def reader_for(fm):
+            reader, r = head_for(fm.dir, train, val, out, a.epochs, a.retrain)
+            heads[fm.dir.name] = r
+            reader.threads = 2
+            return reader
+
+        routing_arg_evidence.main([*a.routing_args.split(), "--json", a.routing_json], reader_for=reader_for)
+        report["routing"] = a.routing_json
+    report["seconds"] = round(time.time() - t0, 1)
+    write_report(a.json, report, plot, echo=(stated, reads, onnx))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""bench/routing_late_reader.py: the head's targets, a real training step, the cached escalation path against the
+batch path, and its reader behind the argument-evidence stage, over the real MiniLM weights and real slot examples
+(the full training and its figures are the bench's)."""
+
+import numpy as np
+import pytest
+
+from tests.conftest import load_bench
+
+
+@pytest.fixture(scope="module")
+def late_parts(all_tools):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from services.common.models import resolve_embedder
+    from services.evals.data import QueryLine
+
+    lr = load_bench("routing_late_reader")
+    st = SentenceTransformer(str(resolve_embedder("")), device="cpu")
+    transformer, tok = st[0].auto_model.eval(), st.tokenizer
+    by_name = {t.name: t for t in all_tools}
+    lines = [QueryLine(id="p1", server="kubernetes", tool="pods_list_in_namespace",
+                       query="list the pods in the kube-system namespace", args={"namespace": "kube-system"},
+                       history=()),
+             QueryLine(id="p2", server="kubernetes", tool="pods_get", query="show me pod web-7f9 in namespace shop",
+                       args={"name": "web-7f9", "namespace": "shop"}, history=())]
+    examples = lr.routing_examples(lines, by_name)
+    cs = lr.encode_states(transformer, tok, [e.context for e in examples])
+    qs = lr.encode_states(transformer, tok, [e.question for e in examples])
+    torch.manual_seed(0)
+    return lr, transformer, tok, lr.build_head().eval(), examples, qs, cs, by_name
+
+
+def test_examples_are_cut_from_the_routing_text_and_answers_map_to_their_tokens(late_parts):
+    lr, _, tok, _, examples, qs, cs, _ = late_parts
+    from services.router.router import routing_text
+
+    assert {e.context for e in examples} == {routing_text("list the pods in the kube-system namespace", [], 4),
+                                              routing_text("show me pod web-7f9 in namespace shop", [], 4)}
+    stated = [e for e in examples if e.start >= 0]
+    assert {e.context[e.start:e.end] for e in stated} == {"kube-system", "web-7f9", "shop"}
+    for e in examples:
+        h, offsets = cs[e.context]
+        assert h.shape == (lr.LAYERS, len(offsets), 384) and qs[e.question][0].shape[0] == lr.LAYERS
+        s, t = lr.answer_tokens(offsets, e.start, e.end)
+        if e.start < 0:
+            assert (s, t) == (0, 0)
+            continue
+        assert 0 < s <= t < len(offsets) - 1  # inside the request, never [CLS] or [SEP]
+        assert offsets[s][0] <= e.start < offsets[s][1] and offsets[t][0] < e.end <= offsets[t][1]
+        ids = tok(e.context)["input_ids"]
+        assert tok.decode(ids[s:t + 1]).replace(" ", "") == e.context[e.start:e.end].lower().replace(" ", "")
+    assert lr.answer_tokens(cs[stated[0].context][1], 10_000, 10_005) == (0, 0)  # not found: not stated
+
+
+def test_span_mask_keeps_the_request_without_cls_and_sep():
+    import torch
+
+    lr = load_bench("routing_late_reader")
+    mc = torch.tensor([[True, True, True, True, False], [True, True, True, True, True]])
+    assert lr.span_mask(mc).tolist() == [[False, True, True, False, False], [False, True, True, True, False]]
+    h, m = lr.pad_states([torch.ones(lr.LAYERS, 3, 4), torch.ones(lr.LAYERS, 5, 4)])
+    assert h.shape == (2, lr.LAYERS, 5, 4) and m.sum(1).tolist() == [3, 5] and h[0, :, 3:].abs().sum() == 0
+
+
+def test_training_steps_lower_the_loss_on_what_they_see(late_parts):
+    import copy
+
+    import torch
+
+    lr, _, _, head, examples, qs, cs, _ = late_parts
+    h = copy.deepcopy(head)
+
+    def loss():
+        with torch.no_grad():
+            h.eval()
+            s, e, _ = lr.logits(h, [qs[x.question][0] for x in examples], [cs[x.context][0] for x in examples])
+            ans = [lr.answer_tokens(cs[x.context][1], x.start, x.end) for x in examples]
+            ce = torch.nn.functional.cross_entropy
+            return float(ce(s, torch.tensor([a for a, _ in ans])) + ce(e, torch.tensor([b for _, b in ans])))
+
+    before = loss()
+    losses = lr.train_head(h, examples * 4, qs, cs, epochs=3, bs=4, lr=1e-3, progress=False)
+    assert len(losses) == 3 * ((len(examples) * 4 + 3) // 4) and all(np.isfinite(losses))
+    assert loss() < before
+    assert not h.training
+
+
+def test_cached_escalation_path_matches_the_batch_path(late_parts):
+    lr, transformer, tok, head, examples, qs, cs, _ = late_parts
+    reader = lr.LateReader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
+    ctx = examples[0].context
+    mine = [e for e in examples if e.context == ctx]
+    batch = lr.stated_scores(head, mine, qs, cs)
+    cached = [r[0][2] for r in reader.score([e.question for e in mine], ctx)]
+    assert len(mine) >= 2 and np.allclose(batch, cached, atol=1e-4)
+
+
+def test_reader_answers_each_question_and_caches_question_keys(late_parts):
+    lr, transformer, tok, head, _, _, _, by_name = late_parts
+    from services.engine.slots import slot_params, slot_question
+    from services.router.argevidence import read
+
+    reader = lr.LateReader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
+    tools = [by_name["pods_list_in_namespace"], by_name["pods_list"], by_name["pods_get"]]
+    text = "list the pods in the kube-system namespace"
+    readings = read(reader, text, tools, required_only=False)
+    assert [len(r) for r in readings] == [len(slot_params(t)) for t in tools]
+    assert all(np.isfinite(s) for r in readings for _, _, s in r)
+    n = len(reader._q)
+    assert n == len({slot_question(t, p, prop) for t in tools for p, prop in slot_params(t)})
+    assert len(reader._q[next(iter(reader._q))]) == len(head.layers)  # keys and values at every layer
+    assert read(reader, text, tools, required_only=False) == readings and len(reader._q) == n
+    assert reader.score([], "anything") == []
+
+
+def test_plot_writes_a_png(tmp_path):
+    lr = load_bench("routing_late_reader")
+    lat = {"p50": 10.0, "p90": 20.0, "p95": 30.0, "p99": 40.0}
+    fig = {"auc": 0.97, "accuracy": 0.93, "threshold": 0.0}
+    report = {"stated": {"slot reader": fig, "late reader": fig},
+              "read_ms_per_escalation": {"slot reader": lat, "late reader (head)": lat}}
+    lr.plot(report, str(tmp_path / "l.png"))
+    assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
