@@ -375,32 +375,40 @@ def export_states_graph(transformer, tokenizer, path: Path) -> None:
     names = ["input_ids", "attention_mask", "token_type_ids"]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(WithStates(transformer.eval()), tuple(feats[n] for n in names), str(path), dynamo=False,
+        # the wrapper in eval mode: the exporter restores the module's mode afterwards, and a fresh module is in
+        # training mode, which would leave the encoder's dropout on
+        torch.onnx.export(WithStates(transformer).eval(), tuple(feats[n] for n in names), str(path), dynamo=False,
                           opset_version=17, input_names=names, output_names=["sentence_embedding", "hidden_states"],
                           dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names},
                                         "sentence_embedding": {0: "batch"}, "hidden_states": {0: "batch", 2: "seq"}})
 
 
-def time_onnx(graph: Path, tokenizer, texts: Sequence[str], repeats: int = 3) -> dict[str, float]:
-    """The router's single-request pass (one thread) over ``texts``, per request, fastest of ``repeats`` each."""
+def time_onnx(graphs: dict[str, Path], tokenizer, texts: Sequence[str], repeats: int = 3) -> dict[str, dict[str, float]]:
+    """Each graph's single-request pass (one thread) over ``texts``, per request, fastest of ``repeats``; the graphs
+    interleaved request by request and repeat by repeat, so the machine's noise falls on both alike."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = 1, 1
-    sess = ort.InferenceSession(str(graph), opts, providers=["CPUExecutionProvider"])
-    inputs = [i.name for i in sess.get_inputs()]
-    lat = []
+    sessions = {name: ort.InferenceSession(str(g), opts, providers=["CPUExecutionProvider"])
+                for name, g in graphs.items()}
+    lat: dict[str, list[float]] = {name: [] for name in graphs}
     for text in texts:
         feats = tokenizer([text], return_tensors="np", truncation=True, max_length=MAX_LEN)
-        feed = {n: feats[n].astype(np.int64) for n in inputs}
-        best = math.inf
+        best = dict.fromkeys(graphs, math.inf)
         for _ in range(repeats):
-            t = time.perf_counter()
-            sess.run(None, feed)
-            best = min(best, time.perf_counter() - t)
-        lat.append(1000 * best)
-    p = np.percentile(lat, [50, 95, 99])
-    return {"n": len(lat), "p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
+            for name, sess in sessions.items():
+                feed = {i.name: feats[i.name].astype(np.int64) for i in sess.get_inputs()}
+                t = time.perf_counter()
+                sess.run(None, feed)
+                best[name] = min(best[name], time.perf_counter() - t)
+        for name in graphs:
+            lat[name].append(1000 * best[name])
+    out = {}
+    for name, v in lat.items():
+        p = np.percentile(v, [50, 95, 99])
+        out[name] = {"n": len(v), "p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
+    return out
 
 
 def time_escalations(reader: LateReader, batches, limit: int) -> dict[str, float]:
@@ -499,14 +507,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services.router.onnx_encoder import onnx_path
 
         ctxs = [c for _, c in batches[:a.time_limit]]
-        onnx = {"router pass": time_onnx(onnx_path(gate / "query_encoder"), prod.tokenizer, ctxs),
-                "router pass + hidden states": time_onnx(graph, prod.tokenizer, ctxs)}
+        onnx = time_onnx({"router pass": onnx_path(gate / "query_encoder"), "router pass + hidden states": graph},
+                         prod.tokenizer, ctxs)
     report: dict[str, Any] = {
         "stated": stated, "n_val": len(val), "n_train": len(train), "heads": heads, "d": D, "k": K,
         "read_ms_per_escalation": reads, "onnx_pass_ms": onnx, "escalations": len(batches), "seconds": 0.0,
         "protocol": "stated vs unstated on the slot examples of train.jsonl's tune split (the routing text as context); "
                     "reading time over the production router's escalations on the calibration lines, one thread, "
-                    "question keys and values cached, the request's states handed over; ONNX passes fastest of 3; "
+                    "question keys and values cached, the request's states handed over; ONNX passes fastest of 3, "
+                    "the two graphs interleaved; "
                     "heads trained on the augment lines only, one per gate model"}
     if a.routing_json:
         import routing_arg_evidence

@@ -123,3 +123,25 @@ def test_plot_writes_a_png(tmp_path):
               "read_ms_per_escalation": {"slot reader": lat, "late reader (head)": lat}}
     lr.plot(report, str(tmp_path / "l.png"))
     assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_states_graph_gives_the_router_vector_and_the_heads_states(late_parts, tmp_path):
+    import onnxruntime as ort
+    import torch
+
+    lr, transformer, tok, _, _, _, cs, _ = late_parts
+    graph = tmp_path / "with_states.onnx"
+    lr.export_states_graph(transformer, tok, graph)
+    sess = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    text = next(iter(cs))
+    feats = tok([text], return_tensors="np")
+    vec, states = sess.run(None, {i.name: feats[i.name].astype(np.int64) for i in sess.get_inputs()})
+    with torch.inference_mode():
+        out = transformer(**tok([text], return_tensors="pt"))
+    mean = out.last_hidden_state[0].mean(0)
+    assert not transformer.training  # the export leaves the encoder as it found it
+    assert np.allclose(vec[0], (mean / mean.norm()).numpy(), atol=1e-4)
+    assert states.shape == (1, lr.LAYERS, len(cs[text][1]), 384)
+    assert np.allclose(states[0], cs[text][0].float().numpy(), atol=2e-2)  # the bench keeps them in float16
+    timed = lr.time_onnx({"a": graph, "b": graph}, tok, [text, "hi"], repeats=2)
+    assert set(timed) == {"a", "b"} and all(t["n"] == 2 and 0 < t["p50"] <= t["p99"] for t in timed.values())
