@@ -425,30 +425,10 @@ def time_escalations(reader: LateReader, batches, limit: int) -> dict[str, float
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
+    """bench/routing_stated_probe.py's figure, with the stage's reading budget."""
+    from routing_stated_probe import plot as probe_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    arms = list(report["stated"])
-    a1.bar(arms, [report["stated"][a]["auc"] for a in arms], color="tab:blue")
-    a1.set_ylim(0.85, 1.0)
-    a1.tick_params(axis="x", labelrotation=20)
-    a1.set_title("stated vs unstated (validation), AUC")
-    lat = report["read_ms_per_escalation"]
-    x = np.arange(len(lat))
-    for j, q in enumerate(("p50", "p95", "p99")):
-        a2.bar(x + 0.27 * (j - 1), [lat[a][q] for a in lat], 0.27, label=q)
-    a2.axhline(25, color="k", ls=":", lw=1, label="stage budget at p95")
-    a2.set_xticks(x, list(lat))
-    a2.set_yscale("log")
-    a2.set_ylabel("ms per escalated request (one thread)")
-    a2.legend()
-    a2.set_title("reading cost")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    probe_plot(report, path, budget_ms=25.0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

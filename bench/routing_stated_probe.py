@@ -299,7 +299,8 @@ def time_reads(reader, batches, limit: int) -> dict[str, float]:
     return {"n": len(lat), "p50": float(p[0]), "p90": float(p[1]), "p95": float(p[2]), "p99": float(p[3])}
 
 
-def plot(report: dict, path: str) -> None:
+def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
+    """AUC per reader beside its reading cost per escalation; ``budget_ms``: a line at the stage's p95 budget."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -314,6 +315,8 @@ def plot(report: dict, path: str) -> None:
     x = np.arange(len(lat))
     for j, q in enumerate(("p50", "p95", "p99")):
         a2.bar(x + 0.27 * (j - 1), [lat[a][q] for a in lat], 0.27, label=q)
+    if budget_ms is not None:
+        a2.axhline(budget_ms, color="k", ls=":", lw=1, label="stage budget at p95")
     a2.set_xticks(x, list(lat))
     a2.set_yscale("log")
     a2.set_ylabel("ms per escalated request (one thread)")
