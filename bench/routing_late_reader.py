@@ -432,13 +432,10 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from routing_stated_probe import add_reader_args
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--queries", default="../shared/data/queries/train.jsonl", help="validation: its tune split")
-    ap.add_argument("--tools", default="../shared/data/mcp_tools")
-    ap.add_argument("--augment", default="data/routing_augment", help="the heads' training lines")
-    ap.add_argument("--calibration", default="data/routing_calibration", help="lines whose escalations are timed")
-    ap.add_argument("--gate", default="var/models/gate")
-    ap.add_argument("--slots", default="var/models/slots")
+    add_reader_args(ap, "the heads' training lines")
     ap.add_argument("--models-root", default="var/models", help="the fold models (bench/routing_arg_evidence.py's)")
     ap.add_argument("--out", default="var/models/late-reader", help="heads, reused unless --retrain")
     ap.add_argument("--epochs", type=int, default=8)

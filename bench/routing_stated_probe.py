@@ -327,14 +327,19 @@ def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
     plt.close(fig)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_reader_args(ap, augment_help: str) -> None:
+    """The data and model flags a stated-reader bench shares (this one, bench/routing_late_reader.py)."""
     ap.add_argument("--queries", default="../shared/data/queries/train.jsonl", help="validation: its tune split")
     ap.add_argument("--tools", default="../shared/data/mcp_tools")
-    ap.add_argument("--augment", default="data/routing_augment", help="the probe's training lines")
+    ap.add_argument("--augment", default="data/routing_augment", help=augment_help)
     ap.add_argument("--calibration", default="data/routing_calibration", help="lines whose escalations are timed")
     ap.add_argument("--gate", default="var/models/gate")
     ap.add_argument("--slots", default="var/models/slots")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_reader_args(ap, "the probe's training lines")
     ap.add_argument("--out", default="var/models/stated-probe", help="weights, reused unless --retrain")
     ap.add_argument("--distill", action="store_true", help="also distil from the slot reader (the probe read)")
     ap.add_argument("--retrain", action="store_true")
