@@ -1,6 +1,8 @@
 """A reader on the router's own encoding: can the argument-evidence stage fit the latency budget? (issue 4)
 
     nice -n 19 .venv/bin/python bench/routing_late_reader.py --json reports/routing_late_reader.json
+    nice -n 19 .venv/bin/python bench/routing_late_reader.py --distill --routing-json '' \
+        --json reports/routing_late_reader_distilled.json
 
 The argument-evidence stage (services/router/argevidence.py, reports/routing_experiments.md §19) gains ~0.6 points at
 N = 250, but its slot reader cross-encodes every (parameter question, request) pair: ~250 ms per escalated request on
@@ -20,10 +22,16 @@ made that pass: its query encoder runs over the same routing text to embed it. T
 
 It is trained like the slot reader, on the slot reader's examples from the augment lines (``slot_training.make_examples``,
 with the routing text as the context the router encodes), for the gate model whose encoder it reads: one head per fold
-model (``--folds``) and one for the production model (``--gate``). Cached in ``--out`` per gate model.
+model (``--folds``) and one for the production model (``--gate``). Cached in ``--out`` per gate model. ``--layers``
+sets K. ``--distill`` then matches the slot reader itself where the stage reads: its scores of every span parameter of
+the production SLB's top 4 on each augment line (``teacher_for``; the same targets for every head), a span batch every
+other step so the head keeps its answers (``distill_head``).
 
 Measured:
 * stated-vs-unstated on the slot reader's validation examples (train.jsonl's tune split), the slot reader beside it;
+* what each reader's best setting gains on the production model's choosing lines (its validation + calibration lines,
+  ranked over the full registry: what ``make models`` calibrates the stage on), and whether it clears ``MIN_GAIN``:
+  the criterion to choose a reader by (§21: the stated AUC is not);
 * the routing gain, by bench/routing_arg_evidence.py with each fold's head as its reader (``--routing-json``);
 * the reading time per escalated request of the production router on ``--calibration``, one thread: the head alone
   (question states cached, the request's states handed over as the router would), and what it costs the router's ONNX
@@ -51,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
+from services.router.argevidence import CLIP  # noqa: E402
 
 D = 128
 K = 2
@@ -212,18 +221,78 @@ def train_head(head, examples, qs: dict, cs: dict, epochs: int = 8, bs: int = 32
     examples = list(examples)
     steps = epochs * math.ceil(len(examples) / bs)
     opt, sched = adamw_schedule(head, lr, steps, 0.06)
-    ce = torch.nn.CrossEntropyLoss()
     losses: list[float] = []
     head.train()
     with tqdm(total=steps, desc=label, disable=not progress, file=sys.stderr) as bar:
         for _ in range(epochs):
             rng.shuffle(examples)
             for b in range(0, len(examples), bs):
-                batch = examples[b:b + bs]
-                s, e, _ = logits(head, [qs[x.question][0] for x in batch], [cs[x.context][0] for x in batch])
-                ans = [answer_tokens(cs[x.context][1], x.start, x.end) for x in batch]
-                loss = (ce(s, torch.tensor([a for a, _ in ans])) + ce(e, torch.tensor([b for _, b in ans]))) / 2
-                optimizer_step(head, opt, sched, loss, losses, bar)
+                optimizer_step(head, opt, sched, span_ce(head, examples[b:b + bs], qs, cs), losses, bar)
+    head.eval()
+    return losses
+
+
+def span_stated(s, e, mc, max_tokens: int | None = None):
+    """Each row's best span score minus "not stated", as ``services.engine.slots.top_spans`` scores it (a span inside
+    the request, end >= start, at most ``max_tokens`` long), differentiable: what distillation matches."""
+    import torch
+
+    from services.engine.slots import MAX_ANSWER_TOKENS
+
+    allow = span_mask(mc)
+    idx = torch.arange(s.shape[1])
+    gap = idx[None, :] - idx[:, None]  # [i, j]: j - i
+    band = (gap >= 0) & (gap < (max_tokens or MAX_ANSWER_TOKENS))
+    ok = band[None] & allow[:, :, None] & allow[:, None, :]
+    pair = (s[:, :, None] + e[:, None, :]).masked_fill(~ok, -1e4)
+    return pair.flatten(1).max(1).values - (s[:, 0] + e[:, 0])
+
+
+def span_ce(head, batch, qs: dict, cs: dict):
+    """The slot reader's loss on ``batch``: start/end cross-entropy (the answer's first and last token, or [CLS])."""
+    import torch
+
+    s, e, _ = logits(head, [qs[x.question][0] for x in batch], [cs[x.context][0] for x in batch])
+    ans = [answer_tokens(cs[x.context][1], x.start, x.end) for x in batch]
+    ce = torch.nn.functional.cross_entropy
+    return (ce(s, torch.tensor([a for a, _ in ans])) + ce(e, torch.tensor([b for _, b in ans]))) / 2
+
+
+def distill_head(head, teacher, examples, qs: dict, cs: dict, epochs: int = 2, bs: int = 8, lr: float = 2e-4,
+                 seed: int = 0, progress: bool = True, label: str = "late reader (distill)") -> list[float]:
+    """Match the slot reader on ``teacher`` ((context, questions, the reader's scores): every span parameter of the
+    SLB's top 4, bench/routing_stated_probe.teacher_pairs): smooth L1 from the head's score (``span_stated``) to the
+    reader's clipped one, ``bs`` contexts (all their questions) per step, a span batch of ``examples`` every other
+    step so the head keeps its answers. ``qs``/``cs`` must hold the teacher's questions and contexts."""
+    import torch
+    from tqdm import tqdm
+
+    from services.engine.slot_training import adamw_schedule, optimizer_step
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    teacher, examples = list(teacher), list(examples)
+    steps_per = math.ceil(len(teacher) / bs)
+    opt, sched = adamw_schedule(head, lr, epochs * steps_per, 0.05)
+    losses: list[float] = []
+    head.train()
+    k = 0
+    with tqdm(total=epochs * steps_per, desc=label, disable=not progress, file=sys.stderr) as bar:
+        for _ in range(epochs):
+            rng.shuffle(teacher)
+            for b in range(0, len(teacher), bs):
+                batch = teacher[b:b + bs]
+                pairs = [(c, q) for c, qq, _ in batch for q in qq]
+                s, e, mc = logits(head, [qs[q][0] for _, q in pairs], [cs[c][0] for c, _ in pairs])
+                target = torch.tensor([v for _, _, y in batch for v in y], dtype=torch.float32).clamp(-CLIP, CLIP)
+                loss = torch.nn.functional.smooth_l1_loss(span_stated(s, e, mc).clamp(-1.5 * CLIP, 1.5 * CLIP),
+                                                          target)
+                shown = loss.item()  # the distillation loss alone
+                if k % 2 == 0 and examples:
+                    start = (k // 2) * 32 % len(examples)
+                    loss = loss + span_ce(head, examples[start:start + 32], qs, cs)
+                optimizer_step(head, opt, sched, loss, losses, bar, shown)
+                k += 1
     head.eval()
     return losses
 
@@ -315,9 +384,29 @@ def routing_examples(lines, by_name):
                          source=lambda ln: routing_text(ln.query, list(ln.history), 4))
 
 
-def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, progress: bool = True
+def teacher_for(lines, tools, gate: str, slots: str, out: Path, progress: bool = True) -> list:
+    """bench/routing_stated_probe.teacher_pairs of ``lines`` under ``gate``'s SLB and the slot reader at ``slots``
+    (~12 min on 2 cores), cached in ``out`` by what they depend on."""
+    from routing_stated_probe import teacher_pairs
+
+    h = hashlib.sha256(json.dumps([[ln.id, ln.query, list(ln.history)] for ln in lines]).encode())
+    h.update((Path(gate) / "gate.json").read_bytes())
+    h.update((Path(slots) / "slots.json").read_bytes())
+    path = out / f"teacher-{h.hexdigest()[:16]}.json"
+    if path.is_file():
+        return [tuple(t) for t in json.loads(path.read_text())]
+    pairs = teacher_pairs(lines, tools, gate, slots, progress=progress)
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(pairs))
+    return pairs
+
+
+def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, progress: bool = True, k: int = K,
+             teacher: Sequence[tuple[str, list[str], list[float]]] = (), distill_epochs: int = 2
              ) -> tuple[LateReader, dict[str, Any]]:
-    """The head trained for ``gate_dir``'s query encoder (cached in ``out``/<gate>), as a reader, and its record."""
+    """The head trained for ``gate_dir``'s query encoder (cached in ``out``/<gate>), as a reader, and its record:
+    ``k`` layers, trained on the span examples ``train``, then distilled from ``teacher`` when given (``distill_head``);
+    its threshold and stated figures from ``val``."""
     import torch
     from routing_stated_probe import stated_figures
     from sentence_transformers import SentenceTransformer
@@ -325,16 +414,16 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     st = SentenceTransformer(str(gate_dir / "query_encoder"), device="cpu")
     transformer, tok = st[0].auto_model.eval(), st.tokenizer
     t0 = time.time()
-    cs = encode_states(transformer, tok, [e.context for e in train + val])
-    qs = encode_states(transformer, tok, [e.question for e in train + val])
+    cs = encode_states(transformer, tok, [e.context for e in train + val] + [c for c, _, _ in teacher])
+    qs = encode_states(transformer, tok, [e.question for e in train + val] + [q for _, qq, _ in teacher for q in qq])
     enc_s = round(time.time() - t0, 1)
-    h = hashlib.sha256(json.dumps([HEAD_VERSION, D, K, epochs, len(train)]).encode())
+    h = hashlib.sha256(json.dumps([HEAD_VERSION, D, k, epochs, len(train)]).encode())
     h.update((gate_dir / "query_encoder" / "model.safetensors").read_bytes()[:1 << 20])
     key = h.hexdigest()[:16]
     path = out / gate_dir.name / f"head-{key}.pt"
     torch.manual_seed(0)
-    head = build_head()
-    rec: dict[str, Any] = {"gate": gate_dir.name, "encode_seconds": enc_s}
+    head = build_head(k=k)
+    rec: dict[str, Any] = {"gate": gate_dir.name, "layers": k, "encode_seconds": enc_s}
     if path.is_file() and not retrain:
         head.load_state_dict(torch.load(path))
         rec["reused"] = str(path)
@@ -347,9 +436,26 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     head.eval()
     labels = np.array([e.start >= 0 for e in val])
     fig = stated_figures(stated_scores(head, val, qs, cs), labels)
+    if teacher:
+        rec["stated_span_only"] = fig
+        d = hashlib.sha256(json.dumps([key, distill_epochs, list(teacher)]).encode()).hexdigest()[:16]
+        path = out / gate_dir.name / f"head-{key}-distill-{d}.pt"
+        if path.is_file() and not retrain:
+            head.load_state_dict(torch.load(path))
+            rec["distill"] = {"reused": str(path)}
+        else:
+            t = time.time()
+            losses = distill_head(head, teacher, train, qs, cs, epochs=distill_epochs, progress=progress,
+                                  label=f"late reader {gate_dir.name} (distill)")
+            torch.save(head.state_dict(), path)
+            rec["distill"] = {"seconds": round(time.time() - t, 1), "epochs": distill_epochs,
+                              "pairs": sum(len(qq) for _, qq, _ in teacher),
+                              "loss_last": float(np.mean(losses[-50:]))}
+        head.eval()
+        fig = stated_figures(stated_scores(head, val, qs, cs), labels)
     rec["stated"] = fig
     rec["mix"] = [round(float(x), 3) for x in torch.softmax(head.mix.detach(), 0)]
-    meta = {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": key, "path": str(path)}
+    meta = {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem, "path": str(path)}
     return LateReader(head, transformer, tok, fig["threshold"], meta), rec
 
 
@@ -439,6 +545,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--models-root", default="var/models", help="the fold models (bench/routing_arg_evidence.py's)")
     ap.add_argument("--out", default="var/models/late-reader", help="heads, reused unless --retrain")
     ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=K, help="the head's transformer layers")
+    ap.add_argument("--distill", action="store_true",
+                    help="then distil the slot reader's scores on the SLB's top-4 parameters of the augment lines")
+    ap.add_argument("--distill-epochs", type=int, default=2)
     ap.add_argument("--retrain", action="store_true")
     ap.add_argument("--time-limit", type=int, default=200, help="escalations timed")
     ap.add_argument("--json", default="reports/routing_late_reader.json")
@@ -456,24 +566,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.evals.args import tune_split
     from services.evals.data import load_queries, load_registry
     from services.evals.routing import write_report
-    from services.evals.routing_models import load_augment
+    from services.evals.routing_models import calibrate_arg_evidence, load_augment
 
     t0 = time.time()
     torch.set_num_threads(2)
     registry = load_registry(a.tools)
     by_name = {t.name: t for t in registry.tools}
-    tune, _ = tune_split(load_queries(a.queries))
-    train, val = routing_examples(load_augment(a.augment), by_name), routing_examples(tune, by_name)
+    queries = load_queries(a.queries)
+    tune, _ = tune_split(queries)
+    augment = load_augment(a.augment)
+    train, val = routing_examples(augment, by_name), routing_examples(tune, by_name)
     out = Path(a.out)
     gate = Path(a.gate).resolve()
-    prod, rec = head_for(gate, train, val, out, a.epochs, a.retrain)
+    teacher = teacher_for(augment, registry.tools, a.gate, a.slots, out) if a.distill else []
+    name = f"late reader ({'distilled' if teacher else 'span'}, K = {a.layers})"
+    prod, rec = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                         distill_epochs=a.distill_epochs)
     heads = {"production": rec}
     slot = SlotModel(a.slots, threads=1)
     preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
     stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val])),
-              "late reader (production encoder)": rec["stated"]}
+              name: rec["stated"]}
+    readers = {"slot reader": slot, name: prod}
+    if teacher:
+        stated[f"late reader (span, K = {a.layers})"] = rec["stated_span_only"]
+        readers[f"late reader (span, K = {a.layers})"] = head_for(gate, train, val, out, a.epochs, False,
+                                                                   k=a.layers)[0]
+    # the routing gain each reader's best setting would give the production model, on its own choosing lines (what
+    # `make models` calibrates the stage on): the criterion to choose a reader by, held-out lines untouched
+    calib = load_augment(a.calibration)
+    choose = {}
+    for arm, rd in readers.items():
+        sec = calibrate_arg_evidence(gate, queries, registry, calib, a.slots, force=True, reader=rd, write=False)
+        choose[arm] = {k: sec[k] for k in ("feature", "alpha", "tau", "n_choose", "choose_top1_slb", "choose_top1",
+                                           "choose_escalation_rate", "best_if_kept")}
+        print(f"{arm}: production choosing lines {100 * sec['choose_top1_slb']:.1f} -> "
+              f"{100 * sec['best_if_kept']['top1']:.1f} at best ({sec['best_if_kept']['feature']}, "
+              f"alpha {sec['best_if_kept']['alpha']}); kept: {sec['feature']}", flush=True)
 
-    batches = escalations(load_augment(a.calibration), registry.tools, a.gate, a.slots)
+    batches = escalations(calib, registry.tools, a.gate, a.slots)
     torch.set_num_threads(1)
     prod.question_cache([q for qs, _ in batches for q in qs])
     reads = {"slot reader": time_reads(slot, batches, a.time_limit),
@@ -487,20 +618,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         onnx = time_onnx({"router pass": onnx_path(gate / "query_encoder"), "router pass + hidden states": graph},
                          prod.tokenizer, ctxs)
     report: dict[str, Any] = {
-        "stated": stated, "n_val": len(val), "n_train": len(train), "heads": heads, "d": D, "k": K,
+        "stated": stated, "n_val": len(val), "n_train": len(train), "heads": heads, "d": D, "k": a.layers,
+        "teacher_pairs": sum(len(qq) for _, qq, _ in teacher), "choose_production": choose,
         "read_ms_per_escalation": reads, "onnx_pass_ms": onnx, "escalations": len(batches), "seconds": 0.0,
         "protocol": "stated vs unstated on the slot examples of train.jsonl's tune split (the routing text as context); "
+                    "routing gain: the argument-evidence calibration of the production model (its validation + "
+                    "calibration lines, full registry) with each reader; "
                     "reading time over the production router's escalations on the calibration lines, one thread, "
                     "question keys and values cached, the request's states handed over; ONNX passes fastest of 3, "
-                    "the two graphs interleaved; "
-                    "heads trained on the augment lines only, one per gate model"}
+                    "the two graphs interleaved; heads trained on the augment lines only, one per gate model; "
+                    "distillation targets: the slot reader on every span parameter of the production SLB's top 4 "
+                    "for each augment line"}
     if a.routing_json:
         import routing_arg_evidence
 
         torch.set_num_threads(2)
 
         def reader_for(fm):
-            reader, r = head_for(fm.dir, train, val, out, a.epochs, a.retrain)
+            reader, r = head_for(fm.dir, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                                 distill_epochs=a.distill_epochs)
             heads[fm.dir.name] = r
             reader.threads = 2
             return reader
@@ -508,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         routing_arg_evidence.main([*a.routing_args.split(), "--json", a.routing_json], reader_for=reader_for)
         report["routing"] = a.routing_json
     report["seconds"] = round(time.time() - t0, 1)
-    write_report(a.json, report, plot, echo=(stated, reads, onnx))
+    write_report(a.json, report, plot, echo=(stated, choose, reads, onnx))
     return 0
 
 

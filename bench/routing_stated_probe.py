@@ -307,7 +307,9 @@ def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
     import matplotlib.pyplot as plt
 
     arms = list(report["stated"])
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    choose = report.get("choose_production") or {}
+    fig, axes = plt.subplots(1, 3 if choose else 2, figsize=(15 if choose else 10, 4))
+    a1, a2 = axes[0], axes[1]
     a1.bar(arms, [report["stated"][a]["auc"] for a in arms], color="tab:blue")
     a1.set_ylim(0.8, 1.0)
     a1.set_title("stated vs unstated (validation), AUC")
@@ -322,6 +324,18 @@ def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
     a2.set_ylabel("ms per escalated request (one thread)")
     a2.legend()
     a2.set_title("reading cost")
+    if choose:
+        # what each reader's best setting gains on the production model's choosing lines, and what the calibration
+        # keeps (below MIN_GAIN: no stage)
+        x = np.arange(len(choose))
+        best = [100 * (c["best_if_kept"]["top1"] - c["choose_top1_slb"]) for c in choose.values()]
+        kept = [100 * (c["choose_top1"] - c["choose_top1_slb"]) for c in choose.values()]
+        axes[2].bar(x - 0.2, best, 0.4, label="best setting")
+        axes[2].bar(x + 0.2, kept, 0.4, label="kept (gain >= MIN_GAIN)")
+        axes[2].set_xticks(x, list(choose), rotation=15, ha="right")
+        axes[2].set_ylabel("top-1 gain over the SLB, points")
+        axes[2].set_title("production model's choosing lines")
+        axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -63,11 +63,12 @@ def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperPa
 
 def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
                            calibration: Sequence[QueryLine], slots: str, progress: bool = False,
-                           force: bool = False) -> dict[str, Any]:
+                           force: bool = False, reader: Any = None, write: bool = True) -> dict[str, Any]:
     """Choose the gate model's argument-evidence stage (``services.router.argevidence.calibrate``) for the slot
-    reader at ``slots`` on the model's validation lines (ids in gate.json, drawn from its training ``lines``) +
-    ``calibration``, ranked by a real router over the whole ``registry``; stored in gate.json. Kept as it is when
-    gate.json already holds a choice for this reader and SLB calibration, unless ``force``."""
+    reader at ``slots`` (or ``reader``, any object with the slot reader's interface) on the model's validation lines
+    (ids in gate.json, drawn from its training ``lines``) + ``calibration``, ranked by a real router over the whole
+    ``registry``; stored in gate.json unless not ``write`` (a bench asking what a reader would gain). Kept as it is
+    when gate.json already holds a choice for this reader and SLB calibration, unless ``force``."""
     import tempfile
 
     from services.common.embedder import Embedder
@@ -77,9 +78,10 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
     from services.router import argevidence
     from services.router.training import make_examples
 
-    if not SlotModel.exists(slots):
-        raise FileNotFoundError(f"no slot reader at {slots}: train one with `nexus train-slots` (make models)")
-    reader = SlotModel(slots, threads=1)
+    if reader is None:
+        if not SlotModel.exists(slots):
+            raise FileNotFoundError(f"no slot reader at {slots}: train one with `nexus train-slots` (make models)")
+        reader = SlotModel(slots, threads=1)
     meta = json.loads((Path(gate_dir) / "gate.json").read_text())
     if not force and argevidence.is_current(meta, reader):
         log.info("gate model %s: argument evidence is current (%s)", gate_dir, meta["arg_evidence"]["feature"])
@@ -101,6 +103,8 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
             return router.decide(text, n).slb_candidates[:n]
 
         section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress)
+    if not write:
+        return section
     argevidence.write(gate_dir, section)
     log.info("gate model %s: argument evidence %s (alpha %s, tau %.4f): choosing top-1 %.3f -> %.3f, escalating "
              "%.1f %%", gate_dir, section["feature"], section["alpha"], section["tau"], section["choose_top1_slb"],

@@ -87,6 +87,77 @@ def test_training_steps_lower_the_loss_on_what_they_see(late_parts):
     assert not h.training
 
 
+def test_span_stated_is_the_readers_score_and_has_gradients(late_parts):
+    import torch
+
+    lr, _, _, head, examples, qs, cs, _ = late_parts
+    s, e, mc = lr.logits(head, [qs[x.question][0] for x in examples], [cs[x.context][0] for x in examples])
+    with torch.no_grad():
+        assert np.allclose(lr.span_stated(s, e, mc).numpy(), lr.stated_scores(head, examples, qs, cs), atol=1e-4)
+    # a span longer than max_tokens is not a candidate: one token allowed can only score less or equal
+    assert (lr.span_stated(s, e, mc, max_tokens=1) <= lr.span_stated(s, e, mc) + 1e-6).all()
+    lr.span_stated(s, e, mc).sum().backward()
+    assert head.qa.weight.grad is not None and head.qa.weight.grad.abs().sum() > 0
+    head.zero_grad()
+
+
+def test_distillation_moves_the_heads_scores_to_the_teachers(late_parts):
+    import copy
+    from dataclasses import replace
+
+    import torch
+
+    lr, _, _, head, examples, qs, cs, _ = late_parts
+    h = copy.deepcopy(head)
+    ctx = sorted({e.context for e in examples})
+    questions = sorted({e.question for e in examples})
+    # the teacher says: every question stated in the first request, none in the second
+    teacher = [(ctx[0], questions, [6.0] * len(questions)), (ctx[1], questions, [-6.0] * len(questions))]
+
+    def error():
+        with torch.no_grad():
+            got = [lr.stated_scores(h, [replace(examples[0], context=c, question=q) for q in qq], qs, cs)
+                   for c, qq, _ in teacher]
+        return float(np.mean([np.abs(g - np.array(y)).mean() for g, (_, _, y) in zip(got, teacher, strict=True)]))
+
+    before = error()
+    losses = lr.distill_head(h, teacher * 8, examples, qs, cs, epochs=3, bs=2, lr=2e-3, progress=False)
+    assert len(losses) == 3 * 8 and all(np.isfinite(losses))
+    assert error() < before / 2
+    assert not h.training
+
+
+def test_teacher_pairs_are_read_once_and_kept_by_what_they_depend_on(tmp_path, monkeypatch):
+    import sys
+
+    from services.evals.data import QueryLine
+
+    lr = load_bench("routing_late_reader")
+    gate, slots = tmp_path / "gate", tmp_path / "slots"
+    gate.mkdir()
+    slots.mkdir()
+    (gate / "gate.json").write_text("{}")
+    (slots / "slots.json").write_text("{}")
+    calls = []
+
+    def fake(lines, tools, g, sl, progress=True):  # the slot reader's reading is the stated-probe bench's
+        calls.append(len(lines))
+        return [(ln.query, ["q?"], [1.5]) for ln in lines]
+
+    import routing_stated_probe  # importable: load_bench put bench/ on the path
+
+    monkeypatch.setattr(sys.modules["routing_stated_probe"], "teacher_pairs", fake)
+    assert routing_stated_probe.teacher_pairs is fake
+    lines = [QueryLine(id="a", server="s", tool="t", query="hello there", args={}, history=())]
+    out = tmp_path / "out"
+    first = lr.teacher_for(lines, [], str(gate), str(slots), out, progress=False)
+    assert first == [("hello there", ["q?"], [1.5])] and calls == [1]
+    assert lr.teacher_for(lines, [], str(gate), str(slots), out, progress=False) == first and calls == [1]
+    (slots / "slots.json").write_text('{"data_hash": "another reader"}')
+    lr.teacher_for(lines, [], str(gate), str(slots), out, progress=False)
+    assert calls == [1, 1] and len(list(out.glob("teacher-*.json"))) == 2
+
+
 def test_cached_escalation_path_matches_the_batch_path(late_parts):
     lr, transformer, tok, head, examples, qs, cs, _ = late_parts
     reader = lr.LateReader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
@@ -123,6 +194,10 @@ def test_plot_writes_a_png(tmp_path):
               "read_ms_per_escalation": {"slot reader": lat, "late reader (head)": lat}}
     lr.plot(report, str(tmp_path / "l.png"))
     assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    gain = {"choose_top1_slb": 0.8, "choose_top1": 0.8, "best_if_kept": {"top1": 0.803}}
+    report["choose_production"] = {"slot reader": {**gain, "choose_top1": 0.81}, "late reader": gain}
+    lr.plot(report, str(tmp_path / "c.png"))  # a third panel: the gain on the production model's choosing lines
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_states_graph_gives_the_router_vector_and_the_heads_states(late_parts, tmp_path):

@@ -262,6 +262,21 @@ def test_calibrating_a_real_gate_model_writes_a_current_section_once(tmp_path, r
     before = (gate_dir / "gate.json").stat().st_mtime_ns
     assert calibrate_arg_evidence(gate_dir, load_queries(QUERIES), registry, calibration, SLOTS) == section
     assert (gate_dir / "gate.json").stat().st_mtime_ns == before  # current: kept, not rewritten
+    # another reader (a bench's), asked without writing: it reads the escalated lines itself, gate.json stays as is
+    calls = []
+
+    class Spy:
+        threshold, meta, tokenizer, max_len = reader.threshold, reader.meta, reader.tokenizer, reader.max_len
+
+        def score(self, questions, context, k=1):
+            calls.append(context)
+            return reader.score(questions, context, k)
+
+    asked = calibrate_arg_evidence(gate_dir, load_queries(QUERIES), registry, calibration, "", force=True,
+                                   reader=Spy(), write=False)
+    assert calls and {k: asked[k] for k in ("feature", "alpha", "tau", "choose_top1")} == {
+        k: section[k] for k in ("feature", "alpha", "tau", "choose_top1")}
+    assert (gate_dir / "gate.json").stat().st_mtime_ns == before
     with pytest.raises(FileNotFoundError, match="no slot reader"):
         calibrate_arg_evidence(gate_dir, [], registry, calibration, str(tmp_path / "none"))
     with pytest.raises(ValueError, match="validation ids"):
