@@ -403,10 +403,13 @@ def teacher_for(lines, tools, gate: str, slots: str, out: Path, progress: bool =
 
 def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, progress: bool = True, k: int = K,
              teacher: Sequence[tuple[str, list[str], list[float]]] = (), distill_epochs: int = 2
-             ) -> tuple[LateReader, dict[str, Any]]:
+             ) -> tuple[LateReader, dict[str, Any], LateReader | None]:
     """The head trained for ``gate_dir``'s query encoder (cached in ``out``/<gate>), as a reader, and its record:
     ``k`` layers, trained on the span examples ``train``, then distilled from ``teacher`` when given (``distill_head``);
-    its threshold and stated figures from ``val``."""
+    its threshold and stated figures from ``val``. Third: the span-trained head before distillation (None without a
+    teacher), from the same encoded states."""
+    import copy
+
     import torch
     from routing_stated_probe import stated_figures
     from sentence_transformers import SentenceTransformer
@@ -436,8 +439,12 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     head.eval()
     labels = np.array([e.start >= 0 for e in val])
     fig = stated_figures(stated_scores(head, val, qs, cs), labels)
+    span_reader = None
     if teacher:
         rec["stated_span_only"] = fig
+        span_reader = LateReader(copy.deepcopy(head), transformer, tok, fig["threshold"],
+                                 {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem,
+                                  "path": str(path)})
         d = hashlib.sha256(json.dumps([key, distill_epochs, list(teacher)]).encode()).hexdigest()[:16]
         path = out / gate_dir.name / f"head-{key}-distill-{d}.pt"
         if path.is_file() and not retrain:
@@ -456,7 +463,7 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     rec["stated"] = fig
     rec["mix"] = [round(float(x), 3) for x in torch.softmax(head.mix.detach(), 0)]
     meta = {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem, "path": str(path)}
-    return LateReader(head, transformer, tok, fig["threshold"], meta), rec
+    return LateReader(head, transformer, tok, fig["threshold"], meta), rec, span_reader
 
 
 def export_states_graph(transformer, tokenizer, path: Path) -> None:
@@ -580,18 +587,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     gate = Path(a.gate).resolve()
     teacher = teacher_for(augment, registry.tools, a.gate, a.slots, out) if a.distill else []
     name = f"late reader ({'distilled' if teacher else 'span'}, K = {a.layers})"
-    prod, rec = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                         distill_epochs=a.distill_epochs)
+    prod, rec, span_only = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                                    distill_epochs=a.distill_epochs)
     heads = {"production": rec}
     slot = SlotModel(a.slots, threads=1)
     preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
     stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val])),
               name: rec["stated"]}
     readers = {"slot reader": slot, name: prod}
-    if teacher:
+    if span_only is not None:
         stated[f"late reader (span, K = {a.layers})"] = rec["stated_span_only"]
-        readers[f"late reader (span, K = {a.layers})"] = head_for(gate, train, val, out, a.epochs, False,
-                                                                   k=a.layers)[0]
+        readers[f"late reader (span, K = {a.layers})"] = span_only
     # the routing gain each reader's best setting would give the production model, on its own choosing lines (what
     # `make models` calibrates the stage on): the criterion to choose a reader by, held-out lines untouched
     calib = load_augment(a.calibration)
@@ -635,8 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(2)
 
         def reader_for(fm):
-            reader, r = head_for(fm.dir, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                                 distill_epochs=a.distill_epochs)
+            reader, r, _ = head_for(fm.dir, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                                    distill_epochs=a.distill_epochs)
             heads[fm.dir.name] = r
             reader.threads = 2
             return reader
