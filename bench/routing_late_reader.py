@@ -49,7 +49,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,12 +258,11 @@ def span_ce(head, batch, qs: dict, cs: dict):
     return (ce(s, torch.tensor([a for a, _ in ans])) + ce(e, torch.tensor([b for _, b in ans]))) / 2
 
 
-def distill_head(head, teacher, examples, qs: dict, cs: dict, epochs: int = 2, bs: int = 8, lr: float = 2e-4,
-                 seed: int = 0, progress: bool = True, label: str = "late reader (distill)") -> list[float]:
-    """Match the slot reader on ``teacher`` ((context, questions, the reader's scores): every span parameter of the
-    SLB's top 4, bench/routing_stated_probe.teacher_pairs): smooth L1 from the head's score (``span_stated``) to the
-    reader's clipped one, ``bs`` contexts (all their questions) per step, a span batch of ``examples`` every other
-    step so the head keeps its answers. ``qs``/``cs`` must hold the teacher's questions and contexts."""
+def tune_with_spans(model, items, batch_loss, examples, qs: dict, cs: dict, epochs: int, bs: int, lr: float,
+                    seed: int, progress: bool, label: str) -> list[float]:
+    """``epochs`` passes over ``items`` in shuffled batches of ``bs``: a step on ``batch_loss(batch)`` (the loss and
+    what the bar shows) plus, every other step, a span batch of ``examples`` (``span_ce``) so the head (``model.head``,
+    or ``model`` itself) keeps its answers; AdamW with 5 % warm-up. Returns the shown losses; ``model`` ends in eval."""
     import torch
     from tqdm import tqdm
 
@@ -271,30 +270,172 @@ def distill_head(head, teacher, examples, qs: dict, cs: dict, epochs: int = 2, b
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    teacher, examples = list(teacher), list(examples)
-    steps_per = math.ceil(len(teacher) / bs)
-    opt, sched = adamw_schedule(head, lr, epochs * steps_per, 0.05)
+    items, examples = list(items), list(examples)
+    head = getattr(model, "head", model)
+    steps_per = math.ceil(len(items) / bs)
+    opt, sched = adamw_schedule(model, lr, epochs * steps_per, 0.05)
     losses: list[float] = []
-    head.train()
+    model.train()
     k = 0
     with tqdm(total=epochs * steps_per, desc=label, disable=not progress, file=sys.stderr) as bar:
         for _ in range(epochs):
-            rng.shuffle(teacher)
-            for b in range(0, len(teacher), bs):
-                batch = teacher[b:b + bs]
-                pairs = [(c, q) for c, qq, _ in batch for q in qq]
-                s, e, mc = logits(head, [qs[q][0] for _, q in pairs], [cs[c][0] for c, _ in pairs])
-                target = torch.tensor([v for _, _, y in batch for v in y], dtype=torch.float32).clamp(-CLIP, CLIP)
-                loss = torch.nn.functional.smooth_l1_loss(span_stated(s, e, mc).clamp(-1.5 * CLIP, 1.5 * CLIP),
-                                                          target)
-                shown = loss.item()  # the distillation loss alone
+            rng.shuffle(items)
+            for b in range(0, len(items), bs):
+                loss, shown = batch_loss(items[b:b + bs])
                 if k % 2 == 0 and examples:
                     start = (k // 2) * 32 % len(examples)
                     loss = loss + span_ce(head, examples[start:start + 32], qs, cs)
-                optimizer_step(head, opt, sched, loss, losses, bar, shown)
+                optimizer_step(model, opt, sched, loss, losses, bar, shown)
                 k += 1
-    head.eval()
+    model.eval()
     return losses
+
+
+def distill_head(head, teacher, examples, qs: dict, cs: dict, epochs: int = 2, bs: int = 8, lr: float = 2e-4,
+                 seed: int = 0, progress: bool = True, label: str = "late reader (distill)") -> list[float]:
+    """Match the slot reader on ``teacher`` ((context, questions, the reader's scores): every span parameter of the
+    SLB's top 4, bench/routing_stated_probe.teacher_pairs): smooth L1 from the head's score (``span_stated``) to the
+    reader's clipped one, ``bs`` contexts (all their questions) per step, a span batch of ``examples`` every other
+    step so the head keeps its answers. ``qs``/``cs`` must hold the teacher's questions and contexts."""
+    import torch
+
+    def batch_loss(batch):
+        pairs = [(c, q) for c, qq, _ in batch for q in qq]
+        s, e, mc = logits(head, [qs[q][0] for _, q in pairs], [cs[c][0] for c, _ in pairs])
+        target = torch.tensor([v for _, _, y in batch for v in y], dtype=torch.float32).clamp(-CLIP, CLIP)
+        loss = torch.nn.functional.smooth_l1_loss(span_stated(s, e, mc).clamp(-1.5 * CLIP, 1.5 * CLIP), target)
+        return loss, loss.item()  # the bar shows the distillation loss alone
+
+    return tune_with_spans(head, teacher, batch_loss, examples, qs, cs, epochs, bs, lr, seed, progress, label)
+
+
+def route_groups(gate_dir: Path, lines, registry, top_k: int = 4, distinct: bool = True) -> list[dict[str, Any]]:
+    """Each of ``lines`` (the augment lines) as the stage would see it if the request were new: the SLB's top
+    ``top_k`` under ``gate_dir``'s model with the line's own exemplar row left out (``float_tool_scores`` at the
+    model's exemplar weight, temperature and gap, plus its tool bias), the right tool put in when it fell out (the
+    last candidate makes room). Per candidate: its span parameters' questions and whether each is required, without
+    those every candidate has (``distinct``, as the product reads). A line whose candidates have nothing to read is
+    left out."""
+    from sentence_transformers import SentenceTransformer
+
+    from services.common.models import default_embedder_path
+    from services.engine.slots import slot_context, slot_params, slot_question
+    from services.evals.data import equivalents
+    from services.router.argevidence import shared_names
+    from services.router.router import routing_text
+    from services.router.training import _encode_eval, float_tool_scores, tool_text
+
+    meta = json.loads((gate_dir / "gate.json").read_text())
+    slb = meta["slb"]
+    names = list(registry.names)
+    pos = {n: i for i, n in enumerate(names)}
+    by_name = {t.name: t for t in registry.tools}
+    rows = [json.loads(x) for x in (gate_dir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
+    row_of = {r["id"]: i for i, r in enumerate(rows)}
+    ex_v = np.load(gate_dir / "exemplars.npy").astype(np.float32)
+    keys = _encode_eval(SentenceTransformer(str(default_embedder_path()), device="cpu"),
+                        [tool_text(by_name[n]) for n in names])
+    texts = [routing_text(ln.query, list(ln.history), int(meta.get("max_turns", 4))) for ln in lines]
+    q = _encode_eval(SentenceTransformer(str(gate_dir / "query_encoder"), device="cpu"), texts)
+    scores = float_tool_scores(q, keys, ex_v, np.array([pos[r["tool"]] for r in rows]),
+                               float(slb["exemplar_weight"]), float(slb.get("exemplar_temperature", 0.0)),
+                               float(slb.get("exemplar_gap", 0.0)),
+                               leave_out=np.array([row_of.get(ln.id, -1) for ln in lines]))
+    scores += np.array([float((slb.get("tool_bias") or {}).get(n, 0.0)) for n in names], np.float32)
+    groups = []
+    for ln, text, sc in zip(lines, texts, scores, strict=True):
+        right = {pos[n] for n in equivalents(ln.tool) | {ln.tool} if n in pos}
+        cand = [int(j) for j in np.argsort(-sc)[:top_k]]
+        if not right & set(cand):
+            cand[-1] = pos[ln.tool]
+        params = [slot_params(by_name[names[j]]) for j in cand]
+        shared = shared_names([[n for n, _ in p] for p in params]) if distinct else set()
+        qs = []
+        for j, ps in zip(cand, params, strict=True):
+            req = set((by_name[names[j]].input_schema or {}).get("required") or [])
+            qs.append([(slot_question(by_name[names[j]], n, prop), n in req) for n, prop in ps if n not in shared])
+        if any(qs):
+            groups.append({"id": ln.id, "context": slot_context(text)[0], "cand": [names[j] for j in cand],
+                           "slb": [float(sc[j]) for j in cand], "right": [j in right for j in cand],
+                           "questions": qs})
+    return groups
+
+
+def fit_beta(groups: Sequence[dict[str, Any]]) -> float:
+    """The inverse temperature under which ``softmax(beta * slb)`` over each group's candidates best predicts its
+    right ones (max mean log-likelihood on a log grid from 1 to 1,000)."""
+    best = (-np.inf, 1.0)
+    for b in np.geomspace(1.0, 1000.0, 61):
+        ll = 0.0
+        for g in groups:
+            z = b * np.asarray(g["slb"], np.float64)
+            lse = z.max() + np.log(np.exp(z - z.max()).sum())
+            r = z[np.asarray(g["right"])]
+            ll += r.max() + np.log(np.exp(r - r.max()).sum()) - lse
+        best = max(best, (ll / len(groups), float(b)))
+    return best[1]
+
+
+def route_loss(scores, groups: Sequence[dict[str, Any]], beta: float, alphas, threshold: float, temp: float = 1.0,
+               soft: float = 0.1):
+    """The routing loss of a batch of ``groups`` given every question's differentiable stated score ``scores`` (in
+    the groups' order, candidate by candidate): per group, ``softmax(beta * (slb + a1 * stated + a2 * req_min))``
+    over its candidates against its right ones, where ``stated`` counts the candidate's stated parameters softly
+    (``sigmoid((s - threshold) / temp)``) and ``req_min`` is a soft minimum (``soft``) of its required parameters'
+    scores clipped and scaled as ``argevidence.candidate_feature`` does (0 with none); ``alphas``: (a1, a2) >= 0.
+    The two product features the stage chooses between are pushed to separate the candidates together."""
+    import torch
+
+    out, k = [], 0
+    for g in groups:
+        feats = []
+        for qs in g["questions"]:
+            s = scores[k:k + len(qs)]
+            k += len(qs)
+            stated = torch.sigmoid((s - threshold) / temp).sum() if qs else s.new_zeros(())
+            req = s[[i for i, (_, r) in enumerate(qs) if r]].clamp(-CLIP, CLIP) / CLIP
+            rmin = -soft * torch.logsumexp(-req / soft, 0) if len(req) else s.new_zeros(())
+            feats.append(torch.stack([stated, rmin]))
+        z = beta * (torch.tensor(g["slb"]) + torch.stack(feats) @ alphas)
+        out.append(torch.logsumexp(z, 0) - torch.logsumexp(z[torch.tensor(g["right"])], 0))
+    return torch.stack(out).mean()
+
+
+def route_tune(head, groups, examples, qs: dict, cs: dict, threshold: float, epochs: int = 2, bs: int = 8,
+               lr: float = 2e-4, seed: int = 0, progress: bool = True, label: str = "late reader (route)"
+               ) -> tuple[list[float], dict[str, float]]:
+    """Train ``head`` on the decision the stage makes (``route_loss`` over ``groups``, ``route_groups``), the two
+    feature weights learnt beside it, with a span batch of ``examples`` every other step so the head keeps its
+    answers. Returns the routing losses and the weights and beta."""
+    import torch
+    from torch import nn
+
+    beta = fit_beta(groups)
+
+    class Tuned(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = head
+            self.raw = nn.Parameter(torch.tensor([0.05, 0.1]).expm1().log())  # softplus^-1: the weights start there
+
+        def alphas(self):
+            return nn.functional.softplus(self.raw)
+
+    model = Tuned()
+
+    def batch_loss(batch):
+        pairs = [(g["context"], q) for g in batch for qq in g["questions"] for q, _ in qq]
+        if pairs:
+            s, e, mc = logits(head, [qs[q][0] for _, q in pairs], [cs[c][0] for c, _ in pairs])
+            scores = span_stated(s, e, mc).clamp(-1.5 * CLIP, 1.5 * CLIP)
+        else:  # nothing to read in the batch: the SLB's own loss
+            scores = torch.zeros(0)
+        loss = route_loss(scores, batch, beta, model.alphas(), threshold)
+        return loss, loss.item()
+
+    losses = tune_with_spans(model, groups, batch_loss, examples, qs, cs, epochs, bs, lr, seed, progress, label)
+    a = model.alphas().detach().tolist()
+    return losses, {"beta": beta, "a_stated": round(a[0], 4), "a_req_min": round(a[1], 4)}
 
 
 def stated_scores(head, examples, qs: dict, cs: dict, bs: int = 64) -> np.ndarray:
@@ -402,12 +543,14 @@ def teacher_for(lines, tools, gate: str, slots: str, out: Path, progress: bool =
 
 
 def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, progress: bool = True, k: int = K,
-             teacher: Sequence[tuple[str, list[str], list[float]]] = (), distill_epochs: int = 2
-             ) -> tuple[LateReader, dict[str, Any], LateReader | None]:
+             teacher: Sequence[tuple[str, list[str], list[float]]] = (), distill_epochs: int = 2,
+             groups: Sequence[dict[str, Any]] = (), route_epochs: int = 2
+             ) -> tuple[LateReader, dict[str, Any], dict[str, LateReader]]:
     """The head trained for ``gate_dir``'s query encoder (cached in ``out``/<gate>), as a reader, and its record:
-    ``k`` layers, trained on the span examples ``train``, then distilled from ``teacher`` when given (``distill_head``);
-    its threshold and stated figures from ``val``. Third: the span-trained head before distillation (None without a
-    teacher), from the same encoded states."""
+    ``k`` layers, trained on the span examples ``train``, then distilled from ``teacher`` when given (``distill_head``),
+    then trained on the stage's decisions over ``groups`` when given (``route_tune``); its threshold and stated
+    figures from ``val``. Third: the head after each earlier step ("span", "distilled") when a later one followed,
+    from the same encoded states."""
     import copy
 
     import torch
@@ -417,8 +560,10 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     st = SentenceTransformer(str(gate_dir / "query_encoder"), device="cpu")
     transformer, tok = st[0].auto_model.eval(), st.tokenizer
     t0 = time.time()
-    cs = encode_states(transformer, tok, [e.context for e in train + val] + [c for c, _, _ in teacher])
-    qs = encode_states(transformer, tok, [e.question for e in train + val] + [q for _, qq, _ in teacher for q in qq])
+    cs = encode_states(transformer, tok, [e.context for e in train + val] + [c for c, _, _ in teacher]
+                       + [g["context"] for g in groups])
+    qs = encode_states(transformer, tok, [e.question for e in train + val] + [q for _, qq, _ in teacher for q in qq]
+                       + [q for g in groups for qq in g["questions"] for q, _ in qq])
     enc_s = round(time.time() - t0, 1)
     h = hashlib.sha256(json.dumps([HEAD_VERSION, D, k, epochs, len(train)]).encode())
     h.update((gate_dir / "query_encoder" / "model.safetensors").read_bytes()[:1 << 20])
@@ -439,31 +584,90 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     head.eval()
     labels = np.array([e.start >= 0 for e in val])
     fig = stated_figures(stated_scores(head, val, qs, cs), labels)
-    span_reader = None
-    if teacher:
-        rec["stated_span_only"] = fig
-        span_reader = LateReader(copy.deepcopy(head), transformer, tok, fig["threshold"],
-                                 {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem,
-                                  "path": str(path)})
-        d = hashlib.sha256(json.dumps([key, distill_epochs, list(teacher)]).encode()).hexdigest()[:16]
-        path = out / gate_dir.name / f"head-{key}-distill-{d}.pt"
-        if path.is_file() and not retrain:
-            head.load_state_dict(torch.load(path))
-            rec["distill"] = {"reused": str(path)}
+    earlier: dict[str, LateReader] = {}
+
+    def keep(step: str) -> None:  # the head as it is now, as a reader, before a later step changes it
+        rec[f"stated_{step}"] = fig
+        earlier[step] = LateReader(copy.deepcopy(head), transformer, tok, fig["threshold"],
+                                   {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem,
+                                    "path": str(path)})
+
+    def step(name: str, at: Path, fit: Callable[[], dict[str, Any]]) -> dict[str, float]:
+        """A later training step of the head, cached at ``at``: its record in ``rec[name]``, the new stated
+        figures returned."""
+        if at.is_file() and not retrain:
+            head.load_state_dict(torch.load(at))
+            rec[name] = {"reused": str(at)}
         else:
             t = time.time()
+            got = fit()
+            torch.save(head.state_dict(), at)
+            rec[name] = {"seconds": round(time.time() - t, 1), **got}
+        head.eval()
+        return stated_figures(stated_scores(head, val, qs, cs), labels)
+
+    if teacher:
+        keep("span")
+        d = hashlib.sha256(json.dumps([key, distill_epochs, list(teacher)]).encode()).hexdigest()[:16]
+        path = out / gate_dir.name / f"head-{key}-distill-{d}.pt"
+
+        def distill() -> dict[str, Any]:
             losses = distill_head(head, teacher, train, qs, cs, epochs=distill_epochs, progress=progress,
                                   label=f"late reader {gate_dir.name} (distill)")
-            torch.save(head.state_dict(), path)
-            rec["distill"] = {"seconds": round(time.time() - t, 1), "epochs": distill_epochs,
-                              "pairs": sum(len(qq) for _, qq, _ in teacher),
-                              "loss_last": float(np.mean(losses[-50:]))}
-        head.eval()
-        fig = stated_figures(stated_scores(head, val, qs, cs), labels)
+            return {"epochs": distill_epochs, "pairs": sum(len(qq) for _, qq, _ in teacher),
+                    "loss_last": float(np.mean(losses[-50:]))}
+
+        fig = step("distill", path, distill)
+    if groups:
+        keep("distilled" if teacher else "span")
+        r = hashlib.sha256(json.dumps([path.stem, route_epochs, fig["threshold"],
+                                       [[g["id"], g["cand"], g["slb"]] for g in groups]]).encode()).hexdigest()[:16]
+        path = out / gate_dir.name / f"{path.stem}-route-{r}.pt"
+        threshold = fig["threshold"]
+
+        def route() -> dict[str, Any]:
+            losses, weights = route_tune(head, groups, train, qs, cs, threshold, epochs=route_epochs,
+                                         progress=progress, label=f"late reader {gate_dir.name} (route)")
+            return {"epochs": route_epochs, "groups": len(groups),
+                    "questions": sum(len(qq) for g in groups for qq in g["questions"]),
+                    "loss_first": float(np.mean(losses[:50])), "loss_last": float(np.mean(losses[-50:])), **weights}
+
+        fig = step("route", path, route)
     rec["stated"] = fig
     rec["mix"] = [round(float(x), 3) for x in torch.softmax(head.mix.detach(), 0)]
     meta = {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem, "path": str(path)}
-    return LateReader(head, transformer, tok, fig["threshold"], meta), rec, span_reader
+    return LateReader(head, transformer, tok, fig["threshold"], meta), rec, earlier
+
+
+def crossfit(gate: Path, queries, registry, calibration, reader) -> dict[str, Any]:
+    """What a reader's stage gains on choosing lines it was not chosen on: the production model's choosing lines
+    (``routing_models.choosing_lines``) split in two halves by id, the stage chosen on each half
+    (``argevidence.calibrate``) and scored on the other (its feature and alpha, tau at the same quantile of that
+    half's margins), as chosen (``MIN_GAIN``: none when it does not clear it) and at its best setting regardless."""
+    from services.evals.routing_models import choosing_lines, slb_decider
+    from services.router import argevidence
+
+    meta, choose = choosing_lines(gate, queries, registry, calibration)
+    halves = [[e for e in choose if int(hashlib.sha256(e.id.encode()).hexdigest(), 16) % 2 == h] for h in (0, 1)]
+    by_name = {t.name: t for t in registry.tools}
+    with slb_decider(gate, registry) as decide:
+        secs = [argevidence.calibrate(decide, half, by_name.get, reader, meta) for half in halves]
+
+    def scored(sec: dict[str, Any], choice: dict[str, Any]) -> float:
+        if choice["feature"] == "none":
+            return sec["choose_top1_slb"]
+        return next(g["top1"] for g in sec["grid"] if g["q"] == choice["q"] and g["feature"] == choice["feature"]
+                    and g["alpha"] == choice["alpha"])
+
+    n = [len(h) for h in halves]
+    out: dict[str, Any] = {"n": n}
+    for name, choice_of in (("chosen", lambda c: {**c, "q": c["quantile"]}), ("best", lambda c: c["best_if_kept"])):
+        got = [scored(secs[h], choice_of(secs[1 - h])) for h in (0, 1)]
+        out[name] = {"top1": float(np.average(got, weights=n)), "halves": got,
+                     "choices": [{k: choice_of(c)[k] for k in ("feature", "alpha", "q")} for c in secs]}
+    out["slb_top1"] = float(np.average([sec["choose_top1_slb"] for sec in secs], weights=n))
+    out["in_sample_best"] = [sec["best_if_kept"]["top1"] for sec in secs]  # each half at its own best: optimistic
+    return out
 
 
 def export_states_graph(transformer, tokenizer, path: Path) -> None:
@@ -556,6 +760,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--distill", action="store_true",
                     help="then distil the slot reader's scores on the SLB's top-4 parameters of the augment lines")
     ap.add_argument("--distill-epochs", type=int, default=2)
+    ap.add_argument("--route", action="store_true",
+                    help="then train the head on the stage's decisions: the augment lines' leave-one-out SLB top 4 "
+                         "(route_groups, route_tune)")
+    ap.add_argument("--route-epochs", type=int, default=2)
     ap.add_argument("--retrain", action="store_true")
     ap.add_argument("--time-limit", type=int, default=200, help="escalations timed")
     ap.add_argument("--json", default="reports/routing_late_reader.json")
@@ -586,18 +794,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(a.out)
     gate = Path(a.gate).resolve()
     teacher = teacher_for(augment, registry.tools, a.gate, a.slots, out) if a.distill else []
-    name = f"late reader ({'distilled' if teacher else 'span'}, K = {a.layers})"
-    prod, rec, span_only = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                                    distill_epochs=a.distill_epochs)
+    groups = route_groups(gate, augment, registry) if a.route else []
+    last = "route-tuned" if groups else "distilled" if teacher else "span"
+    name = f"late reader ({last}, K = {a.layers})"
+    prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                                  distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
     heads = {"production": rec}
     slot = SlotModel(a.slots, threads=1)
     preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
-    stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val])),
-              name: rec["stated"]}
-    readers = {"slot reader": slot, name: prod}
-    if span_only is not None:
-        stated[f"late reader (span, K = {a.layers})"] = rec["stated_span_only"]
-        readers[f"late reader (span, K = {a.layers})"] = span_only
+    stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val]))}
+    readers: dict[str, Any] = {"slot reader": slot}
+    for step, rd in earlier.items():
+        stated[f"late reader ({step}, K = {a.layers})"] = rec[f"stated_{step}"]
+        readers[f"late reader ({step}, K = {a.layers})"] = rd
+    stated[name], readers[name] = rec["stated"], prod
     # the routing gain each reader's best setting would give the production model, on its own choosing lines (what
     # `make models` calibrates the stage on): the criterion to choose a reader by, held-out lines untouched
     calib = load_augment(a.calibration)
@@ -606,9 +816,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sec = calibrate_arg_evidence(gate, queries, registry, calib, a.slots, force=True, reader=rd, write=False)
         choose[arm] = {k: sec[k] for k in ("feature", "alpha", "tau", "n_choose", "choose_top1_slb", "choose_top1",
                                            "choose_escalation_rate", "best_if_kept")}
+        choose[arm]["crossfit"] = cf = crossfit(gate, queries, registry, calib, rd)
         print(f"{arm}: production choosing lines {100 * sec['choose_top1_slb']:.1f} -> "
               f"{100 * sec['best_if_kept']['top1']:.1f} at best ({sec['best_if_kept']['feature']}, "
-              f"alpha {sec['best_if_kept']['alpha']}); kept: {sec['feature']}", flush=True)
+              f"alpha {sec['best_if_kept']['alpha']}); kept: {sec['feature']}; cross-fit halves "
+              f"{100 * cf['slb_top1']:.1f} -> {100 * cf['chosen']['top1']:.1f} as chosen, "
+              f"{100 * cf['best']['top1']:.1f} at best", flush=True)
 
     batches = escalations(calib, registry.tools, a.gate, a.slots)
     torch.set_num_threads(1)
@@ -625,7 +838,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          prod.tokenizer, ctxs)
     report: dict[str, Any] = {
         "stated": stated, "n_val": len(val), "n_train": len(train), "heads": heads, "d": D, "k": a.layers,
-        "teacher_pairs": sum(len(qq) for _, qq, _ in teacher), "choose_production": choose,
+        "teacher_pairs": sum(len(qq) for _, qq, _ in teacher), "route_groups": len(groups),
+        "choose_production": choose,
         "read_ms_per_escalation": reads, "onnx_pass_ms": onnx, "escalations": len(batches), "seconds": 0.0,
         "protocol": "stated vs unstated on the slot examples of train.jsonl's tune split (the routing text as context); "
                     "routing gain: the argument-evidence calibration of the production model (its validation + "
@@ -642,7 +856,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def reader_for(fm):
             reader, r, _ = head_for(fm.dir, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                                    distill_epochs=a.distill_epochs)
+                                    distill_epochs=a.distill_epochs,
+                                    groups=route_groups(fm.dir, augment, registry) if a.route else (),
+                                    route_epochs=a.route_epochs)
             heads[fm.dir.name] = r
             reader.threads = 2
             return reader

@@ -312,6 +312,7 @@ def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
     a1, a2 = axes[0], axes[1]
     a1.bar(arms, [report["stated"][a]["auc"] for a in arms], color="tab:blue")
     a1.set_ylim(0.8, 1.0)
+    a1.set_xticks(range(len(arms)), arms, rotation=15, ha="right")
     a1.set_title("stated vs unstated (validation), AUC")
     lat = report["read_ms_per_escalation"]
     x = np.arange(len(lat))
@@ -330,8 +331,15 @@ def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
         x = np.arange(len(choose))
         best = [100 * (c["best_if_kept"]["top1"] - c["choose_top1_slb"]) for c in choose.values()]
         kept = [100 * (c["choose_top1"] - c["choose_top1_slb"]) for c in choose.values()]
-        axes[2].bar(x - 0.2, best, 0.4, label="best setting")
-        axes[2].bar(x + 0.2, kept, 0.4, label="kept (gain >= MIN_GAIN)")
+        # with the cross-fit (each half scored at the other half's choice): a third bar, the honest one
+        cf = [c.get("crossfit") for c in choose.values()]
+        w = 0.27 if all(cf) else 0.4
+        axes[2].bar(x - w / 2 * (2 if all(cf) else 1), best, w, label="best setting")
+        axes[2].bar(x + (0 if all(cf) else w / 2), kept, w, label="kept (gain >= MIN_GAIN)")
+        if all(cf):
+            axes[2].bar(x + w, [100 * (c["chosen"]["top1"] - c["slb_top1"]) for c in cf], w,
+                        label="cross-fit: chosen on the other half")
+        axes[2].axhline(0, color="k", lw=0.5)
         axes[2].set_xticks(x, list(choose), rotation=15, ha="right")
         axes[2].set_ylabel("top-1 gain over the SLB, points")
         axes[2].set_title("production model's choosing lines")

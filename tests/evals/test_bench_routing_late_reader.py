@@ -198,6 +198,10 @@ def test_plot_writes_a_png(tmp_path):
     report["choose_production"] = {"slot reader": {**gain, "choose_top1": 0.81}, "late reader": gain}
     lr.plot(report, str(tmp_path / "c.png"))  # a third panel: the gain on the production model's choosing lines
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cf = {"slb_top1": 0.8, "chosen": {"top1": 0.805}}
+    report["choose_production"] = {k: {**v, "crossfit": cf} for k, v in report["choose_production"].items()}
+    lr.plot(report, str(tmp_path / "x.png"))  # with the cross-fit: a third bar per reader
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_states_graph_gives_the_router_vector_and_the_heads_states(late_parts, tmp_path):
@@ -220,3 +224,132 @@ def test_states_graph_gives_the_router_vector_and_the_heads_states(late_parts, t
     assert np.allclose(states[0], cs[text][0].float().numpy(), atol=2e-2)  # the bench keeps them in float16
     timed = lr.time_onnx({"a": graph, "b": graph}, tok, [text, "hi"], repeats=2)
     assert set(timed) == {"a", "b"} and all(t["n"] == 2 and 0 < t["p50"] <= t["p99"] for t in timed.values())
+
+
+def test_route_loss_is_the_listwise_loss_of_the_fused_scores():
+    import torch
+
+    lr = load_bench("routing_late_reader")
+    # two candidates: the first states both of its parameters (one required), the second its one required one not
+    g = {"slb": [0.50, 0.52], "right": [True, False],
+         "questions": [[("a?", True), ("b?", False)], [("c?", True)]]}
+    scores = torch.tensor([8.0, 3.0, -6.0])
+    alphas = torch.tensor([0.05, 0.1])
+    got = lr.route_loss(scores, [g], beta=10.0, alphas=alphas, threshold=0.0)
+    stated = [torch.sigmoid(torch.tensor(8.0)) + torch.sigmoid(torch.tensor(3.0)), torch.sigmoid(torch.tensor(-6.0))]
+    rmin = [-0.1 * torch.logsumexp(torch.tensor([-0.8 / 0.1]), 0), torch.tensor(-0.6)]  # one required each: itself
+    z = 10.0 * torch.stack([0.50 + 0.05 * stated[0] + 0.1 * rmin[0], 0.52 + 0.05 * stated[1] + 0.1 * rmin[1]])
+    assert torch.allclose(got, -torch.log_softmax(z, 0)[0], atol=1e-5)
+    # the evidence turns the SLB's wrong order: the loss is below the SLB's own
+    assert got < lr.route_loss(scores, [g], beta=10.0, alphas=torch.zeros(2), threshold=0.0)
+    # equivalents: every right candidate counts; a candidate with nothing to read adds nothing
+    g2 = {"slb": [0.5, 0.5, 0.4], "right": [True, True, False], "questions": [[], [], [("x?", True)]]}
+    two = lr.route_loss(torch.tensor([-10.0]), [g2], beta=1.0, alphas=alphas, threshold=0.0)
+    z2 = torch.tensor([0.5, 0.5, 0.4 + 0.05 * torch.sigmoid(torch.tensor(-10.0)) + 0.1 * -1.0])
+    assert torch.allclose(two, torch.logsumexp(z2, 0) - torch.logsumexp(z2[:2], 0), atol=1e-5)
+
+
+def test_fit_beta_prefers_sharper_scores_when_the_slb_is_right():
+    lr = load_bench("routing_late_reader")
+    right = [{"slb": [0.6, 0.4], "right": [True, False]}] * 9
+    wrong = [{"slb": [0.4, 0.6], "right": [True, False]}]
+    assert lr.fit_beta(right + wrong) > lr.fit_beta(right + wrong * 4) >= 1.0
+
+
+def test_route_tuning_moves_the_decision_to_the_right_candidate(late_parts):
+    import copy
+
+    import torch
+
+    lr, _, _, head, examples, qs, cs, by_name = late_parts
+    from services.engine.slots import slot_params, slot_question
+
+    h = copy.deepcopy(head)
+    ctx = {e.context for e in examples}
+    c1 = next(c for c in ctx if "kube-system" in c)
+    # the SLB prefers pods_list, the request states the namespace only pods_list_in_namespace asks for
+    t1, t2 = by_name["pods_list_in_namespace"], by_name["pods_list"]
+    qq = [[(slot_question(t, n, p), n in set(t.input_schema.get("required") or [])) for n, p in slot_params(t)]
+          for t in (t1, t2)]
+    qs.update(lr.encode_states(*late_parts[1:3], [q for x in qq for q, _ in x]))
+    g = {"id": "p1", "context": c1, "cand": [t1.name, t2.name], "slb": [0.50, 0.51], "right": [True, False],
+         "questions": qq}
+
+    # easy decisions with nothing to read: the SLB is right on them, so beta comes out sharp
+    easy = [{"id": f"e{i}", "context": c1, "cand": ["x", "y"], "slb": [0.6, 0.4], "right": [True, False],
+             "questions": [[], []]} for i in range(24)]
+    beta = lr.fit_beta([g] * 8 + easy)
+    assert beta > 10
+
+    def loss():  # the hard decision's loss at the starting weights: lower when the head's evidence favours t1 more
+        pairs = [q for x in qq for q, _ in x]
+        with torch.no_grad():
+            s, e, mc = lr.logits(h, [qs[q][0] for q in pairs], [cs[c1][0]] * len(pairs))
+            return float(lr.route_loss(lr.span_stated(s, e, mc), [g], beta, torch.tensor([0.05, 0.1]), 0.0))
+
+    before = loss()
+    losses, w = lr.route_tune(h, [g] * 8 + easy, examples, qs, cs, 0.0, epochs=3, bs=8, lr=2e-3, progress=False)
+    assert len(losses) == 3 * 4 and all(np.isfinite(losses)) and not h.training
+    assert w["beta"] == beta and w["a_stated"] > 0 and w["a_req_min"] > 0
+    assert loss() < before
+
+
+def test_route_groups_leave_each_line_out_of_the_production_slb(tools_dir):
+    """``route_groups`` on real augment lines under the production gate model: the line's own exemplar row is out
+    (its tool scores no higher than with it), the right tool is among the candidates, and only the parameters that
+    not every candidate has are asked."""
+    from services.engine.slots import slot_params
+    from services.evals.data import load_registry
+    from services.evals.routing_models import load_augment
+    from services.router.argevidence import shared_names
+    from tests.conftest import REPO
+
+    lr = load_bench("routing_late_reader")
+    registry = load_registry(tools_dir)
+    by_name = {t.name: t for t in registry.tools}
+    lines = [ln for ln in load_augment(REPO / "data" / "routing_augment") if ln.tool.startswith("pods_")][:6]
+    gate = REPO / "var" / "models" / "gate"
+    groups = lr.route_groups(gate, lines, registry)
+    kept = lr.route_groups(gate, [replace_id(ln) for ln in lines], registry)  # ids no row has: nothing left out
+    assert groups and len(groups) == len(kept)
+    for g, k in zip(groups, kept, strict=True):
+        assert len(g["cand"]) == 4 and any(g["right"]) and g["context"] == k["context"]
+        t = g["cand"][g["right"].index(True)]
+        if t in k["cand"]:
+            assert g["slb"][g["cand"].index(t)] <= k["slb"][k["cand"].index(t)] + 1e-6
+        shared = shared_names([[n for n, _ in slot_params(by_name[c])] for c in g["cand"]])
+        for c, qq in zip(g["cand"], g["questions"], strict=True):
+            assert len(qq) == len([n for n, _ in slot_params(by_name[c]) if n not in shared])
+    assert any(g["slb"][g["cand"].index(t)] < k["slb"][k["cand"].index(t)] - 1e-4
+               for g, k in zip(groups, kept, strict=True)
+               for t in [g["cand"][g["right"].index(True)]] if t in k["cand"])
+
+
+def replace_id(ln):
+    from dataclasses import replace
+
+    return replace(ln, id=f"not-a-row-{ln.id}")
+
+
+def test_crossfit_scores_each_half_by_the_other_halfs_choice(late_parts, tools_dir):
+    """``crossfit`` over the production gate model's real choosing lines (its validation lines + 60 calibration
+    lines), with an untrained late reader: the halves cover the lines, the SLB's figure is the whole set's, and what
+    a half scores at the other half's best setting is never above its own best."""
+    from services.evals.data import load_queries, load_registry
+    from services.evals.routing_models import calibrate_arg_evidence, load_augment
+    from tests.conftest import QUERIES, REPO
+
+    lr, transformer, tok, head, _, _, _, _ = late_parts
+    reader = lr.LateReader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
+    registry = load_registry(tools_dir)
+    calibration = load_augment(REPO / "data" / "routing_calibration")[::23][:60]
+    gate = REPO / "var" / "models" / "gate"
+    cf = lr.crossfit(gate, load_queries(QUERIES), registry, calibration, reader)
+    whole = calibrate_arg_evidence(gate, load_queries(QUERIES), registry, calibration, "", force=True, reader=reader,
+                                   write=False)
+    assert sum(cf["n"]) == whole["n_choose"] and min(cf["n"]) > 0
+    assert cf["slb_top1"] == pytest.approx(whole["choose_top1_slb"])
+    for arm in ("chosen", "best"):
+        assert len(cf[arm]["halves"]) == 2 and len(cf[arm]["choices"]) == 2 and 0 <= cf[arm]["top1"] <= 1
+    assert all(c["feature"] in ("none", "req_min", "req_mean", "stated") for c in cf["best"]["choices"])
+    assert all(got <= own + 1e-12 for got, own in zip(cf["best"]["halves"], cf["in_sample_best"], strict=True))
