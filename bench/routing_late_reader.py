@@ -639,37 +639,6 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     return LateReader(head, transformer, tok, fig["threshold"], meta), rec, earlier
 
 
-def crossfit(gate: Path, queries, registry, calibration, reader) -> dict[str, Any]:
-    """What a reader's stage gains on choosing lines it was not chosen on: the production model's choosing lines
-    (``routing_models.choosing_lines``) split in two halves by id, the stage chosen on each half
-    (``argevidence.calibrate``) and scored on the other (its feature and alpha, tau at the same quantile of that
-    half's margins), as chosen (``MIN_GAIN``: none when it does not clear it) and at its best setting regardless."""
-    from services.evals.routing_models import choosing_lines, slb_decider
-    from services.router import argevidence
-
-    meta, choose = choosing_lines(gate, queries, registry, calibration)
-    halves = [[e for e in choose if int(hashlib.sha256(e.id.encode()).hexdigest(), 16) % 2 == h] for h in (0, 1)]
-    by_name = {t.name: t for t in registry.tools}
-    with slb_decider(gate, registry) as decide:
-        secs = [argevidence.calibrate(decide, half, by_name.get, reader, meta) for half in halves]
-
-    def scored(sec: dict[str, Any], choice: dict[str, Any]) -> float:
-        if choice["feature"] == "none":
-            return sec["choose_top1_slb"]
-        return next(g["top1"] for g in sec["grid"] if g["q"] == choice["q"] and g["feature"] == choice["feature"]
-                    and g["alpha"] == choice["alpha"])
-
-    n = [len(h) for h in halves]
-    out: dict[str, Any] = {"n": n}
-    for name, choice_of in (("chosen", lambda c: {**c, "q": c["quantile"]}), ("best", lambda c: c["best_if_kept"])):
-        got = [scored(secs[h], choice_of(secs[1 - h])) for h in (0, 1)]
-        out[name] = {"top1": float(np.average(got, weights=n)), "halves": got,
-                     "choices": [{k: choice_of(c)[k] for k in ("feature", "alpha", "q")} for c in secs]}
-    out["slb_top1"] = float(np.average([sec["choose_top1_slb"] for sec in secs], weights=n))
-    out["in_sample_best"] = [sec["best_if_kept"]["top1"] for sec in secs]  # each half at its own best: optimistic
-    return out
-
-
 def export_states_graph(transformer, tokenizer, path: Path) -> None:
     """The router's ONNX graph (transformer, mean pooling, normalization) with the hidden states as a second output."""
     import warnings
@@ -815,13 +784,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for arm, rd in readers.items():
         sec = calibrate_arg_evidence(gate, queries, registry, calib, a.slots, force=True, reader=rd, write=False)
         choose[arm] = {k: sec[k] for k in ("feature", "alpha", "tau", "n_choose", "choose_top1_slb", "choose_top1",
-                                           "choose_escalation_rate", "best_if_kept")}
-        choose[arm]["crossfit"] = cf = crossfit(gate, queries, registry, calib, rd)
+                                           "choose_escalation_rate", "best_if_kept", "crossfit")}
+        cf = sec["crossfit"]
         print(f"{arm}: production choosing lines {100 * sec['choose_top1_slb']:.1f} -> "
               f"{100 * sec['best_if_kept']['top1']:.1f} at best ({sec['best_if_kept']['feature']}, "
-              f"alpha {sec['best_if_kept']['alpha']}); kept: {sec['feature']}; cross-fit halves "
-              f"{100 * cf['slb_top1']:.1f} -> {100 * cf['chosen']['top1']:.1f} as chosen, "
-              f"{100 * cf['best']['top1']:.1f} at best", flush=True)
+              f"alpha {sec['best_if_kept']['alpha']}); kept: {sec['feature']}; cross-fit (each half at the other's "
+              f"choice) {100 * cf['slb_top1']:.2f} -> {100 * cf['top1']:.2f}", flush=True)
 
     batches = escalations(calib, registry.tools, a.gate, a.slots)
     torch.set_num_threads(1)

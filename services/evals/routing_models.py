@@ -127,8 +127,9 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
         return section
     argevidence.write(gate_dir, section)
     log.info("gate model %s: argument evidence %s (alpha %s, tau %.4f): choosing top-1 %.3f -> %.3f, escalating "
-             "%.1f %%", gate_dir, section["feature"], section["alpha"], section["tau"], section["choose_top1_slb"],
-             section["choose_top1"], 100 * section["choose_escalation_rate"])
+             "%.1f %%; cross-fit (each half at the other's choice) %.3f -> %.3f", gate_dir, section["feature"],
+             section["alpha"], section["tau"], section["choose_top1_slb"], section["choose_top1"],
+             100 * section["choose_escalation_rate"], section["crossfit"]["slb_top1"], section["crossfit"]["top1"])
     return section
 
 
