@@ -173,6 +173,8 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
                 "train_seconds", "data_hash")
         ae = {k: v for k, v in (doc.get("arg_evidence") or {}).items()
               if k in ("feature", "alpha", "tau", "choose_top1_slb", "choose_top1", "choose_escalation_rate")}
+        if ae and "crossfit" in doc["arg_evidence"]:  # a section calibrated before the cross-fit has none
+            ae["choose_top1_crossfit"] = doc["arg_evidence"]["crossfit"]["top1"]
         print(json.dumps({k: doc.get(k) for k in keys} | {"arg_evidence": ae or None, "out": args.out,
                                                            "seconds": round(time.time() - t0)},
                          indent=2), file=sys.stdout)
