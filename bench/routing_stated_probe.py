@@ -338,7 +338,7 @@ def plot(report: dict, path: str, budget_ms: float | None = None) -> None:
         axes[2].bar(x + (0 if all(cf) else w / 2), kept, w, label="kept (gain >= MIN_GAIN)")
         if all(cf):
             axes[2].bar(x + w, [100 * (c["top1"] - c["slb_top1"]) for c in cf], w,
-                        label="cross-fit: chosen on the other half")
+                        label="cross-fit: each half at the other's choice")
         axes[2].axhline(0, color="k", lw=0.5)
         axes[2].set_xticks(x, list(choose), rotation=15, ha="right")
         axes[2].set_ylabel("top-1 gain over the SLB, points")

@@ -144,19 +144,14 @@ def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it
         ae.calibrate(lambda text, n: [], [], by_name.get, reader, META)
     # the cross-fit covers the lines and never scores above the whole set's best setting
     cf = doc["crossfit"]
-    assert sum(cf["n"]) == len(lines) and cf["slb_top1"] == pytest.approx(12 / 20) and len(cf["choices"]) == 2
+    assert len(cf["splits"]) == ae.CROSSFIT_SPLITS and cf["slb_top1"] == pytest.approx(12 / 20)
+    assert all(sum(s["n"]) == len(lines) for s in cf["splits"])
     assert 12 / 20 <= cf["top1"] <= doc["best_if_kept"]["top1"] + 1e-12
-
-
-def _halves(texts):
-    import hashlib
-
-    return np.array([int(hashlib.sha256(t.encode()).hexdigest(), 16) % 2 for t in texts])
 
 
 def test_crossfit_scores_each_half_at_the_setting_chosen_on_the_other():
     texts = [f"request {i}" for i in range(60)]
-    half = _halves(texts)
+    half = ae.halves(texts, 0)
     assert 0 < half.sum() < len(texts)
     base = np.zeros(len(texts), bool)
     # one setting fixes every line of half 0 and none of half 1 (what a choice overfit to half 0 looks like);
@@ -165,8 +160,8 @@ def test_crossfit_scores_each_half_at_the_setting_chosen_on_the_other():
     general = np.arange(len(texts)) % 2 == 0
     rights = [({"feature": "req_min", "alpha": 0.1, "tau": 0.2, "q": 0.1}, overfit),
               ({"feature": "stated", "alpha": 0.05, "tau": 0.3, "q": 0.2}, general)]
-    cf = ae._crossfit(rights, base, texts)
-    assert cf["n"] == [int((half == 0).sum()), int((half == 1).sum())] and cf["slb_top1"] == 0.0
+    cf = ae._crossfit(rights, base, texts, splits=1)["splits"][0]
+    assert cf["n"] == [int((half == 0).sum()), int((half == 1).sum())]
     # half 0 chooses the overfit setting, which fixes nothing on half 1; half 1 chooses the general one, which
     # fixes half 0's even lines
     assert [c["feature"] for c in cf["choices"]] == ["req_min", "stated"]
@@ -174,13 +169,19 @@ def test_crossfit_scores_each_half_at_the_setting_chosen_on_the_other():
     # a setting that fixes one line of half 0: half 0 keeps it, half 1 (nothing to gain) chooses no stage
     one = np.zeros(len(texts), bool)
     one[np.flatnonzero(half == 0)[0]] = True
-    few = ae._crossfit([({"feature": "stated", "alpha": 0.05, "tau": 0.3, "q": 0.2}, one)], base, texts)
+    few = ae._crossfit([({"feature": "stated", "alpha": 0.05, "tau": 0.3, "q": 0.2}, one)], base, texts,
+                       splits=1)["splits"][0]
     assert 1 / (half == 0).sum() >= ae.MIN_GAIN  # one line is a gain on half 0
     assert [c["feature"] for c in few["choices"]] == ["stated", "none"]
     assert few["top1"] == 0.0  # the one fixed line is on half 0, scored at half 1's choice: none
     # all lines on one side: no cross-fit, the SLB's figure
-    same = ae._crossfit(rights, base, ["x"] * 5)
-    assert same["choices"] == [] and same["top1"] == 0.0 and sorted(same["n"]) == [0, 5]
+    same = ae._crossfit(rights, base, ["x"] * 5, splits=3)
+    assert all(s["choices"] == [] and sorted(s["n"]) == [0, 5] for s in same["splits"]) and same["top1"] == 0.0
+    # several halvings: each its own, the figure their mean
+    many = ae._crossfit(rights, base, texts, splits=4)
+    assert len(many["splits"]) == 4 and many["slb_top1"] == 0.0
+    assert many["splits"][0] == cf and len({tuple(s["n"]) for s in many["splits"]}) > 1
+    assert many["top1"] == pytest.approx(np.mean([s["top1"] for s in many["splits"]]))
 
 
 def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, caplog):
@@ -299,7 +300,8 @@ def test_calibrating_a_real_gate_model_writes_a_current_section_once(tmp_path, r
     assert section["feature"] in (*ae.FEATURES, "none") and section["choose_top1"] >= section["choose_top1_slb"]
     assert {k: doc[k] for k in meta} == meta  # nothing else in gate.json changed
     cf = section["crossfit"]  # each half of the lines scored at the other half's choice
-    assert sum(cf["n"]) == section["n_choose"] and min(cf["n"]) > 0 and len(cf["choices"]) == 2
+    assert all(sum(s["n"]) == section["n_choose"] and min(s["n"]) > 0 and len(s["choices"]) == 2
+               for s in cf["splits"])
     assert cf["slb_top1"] == pytest.approx(section["choose_top1_slb"])
     assert cf["top1"] <= section["best_if_kept"]["top1"] + 1e-12  # never above the whole set's best setting
     before = (gate_dir / "gate.json").stat().st_mtime_ns
