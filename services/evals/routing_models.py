@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -62,54 +61,22 @@ def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperPa
     return out
 
 
-def choosing_lines(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
-                   calibration: Sequence[QueryLine]) -> tuple[dict[str, Any], list[Any]]:
-    """gate.json of ``gate_dir`` and the examples its second stage is chosen on: its validation lines (ids in
-    gate.json, drawn from its training ``lines``) + ``calibration``."""
-    from services.router.training import make_examples
-
-    meta = json.loads((Path(gate_dir) / "gate.json").read_text())
-    known, max_turns = set(registry.names), int(meta.get("max_turns", 4))
-    examples = {e.id: e for e in make_examples(lines, known, equivalents, max_turns)}
-    missing = [i for i in meta.get("val_ids", []) if i not in examples]
-    if missing:
-        raise ValueError(f"{len(missing)} validation ids of {gate_dir} are not among the given lines (e.g. "
-                         f"{missing[0]}): pass the lines the model was trained on")
-    return meta, [examples[i] for i in meta.get("val_ids", [])] + make_examples(calibration, known, equivalents,
-                                                                                max_turns)
-
-
-@contextmanager
-def slb_decider(gate_dir: str | Path, registry: Registry) -> Iterator[Callable[[str, int], list[tuple[str, float]]]]:
-    """``decide(text, n)``: the SLB's top ``n`` (name, score) as a real router of ``gate_dir`` ranks them over the
-    whole ``registry`` (no second stage)."""
-    import tempfile
-
-    from services.common.embedder import Embedder
-    from services.common.store import LocalStore
-    from services.evals.routing import _open_router
-
-    with tempfile.TemporaryDirectory(prefix="nexus-arg-evidence-") as tmp:
-        store = LocalStore(tmp)
-        store.registry_put(list(registry.tools))
-        router = _open_router(store, Embedder(""), gate_dir, slots="")
-
-        def decide(text: str, n: int) -> list[tuple[str, float]]:
-            return router.decide(text, n).slb_candidates[:n]
-
-        yield decide
-
-
 def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
                            calibration: Sequence[QueryLine], slots: str, progress: bool = False,
                            force: bool = False, reader: Any = None, write: bool = True) -> dict[str, Any]:
     """Choose the gate model's argument-evidence stage (``services.router.argevidence.calibrate``) for the slot
-    reader at ``slots`` (or ``reader``, any object with the slot reader's interface) on the model's
-    ``choosing_lines``, ranked by a real router over the whole ``registry`` (``slb_decider``); stored in gate.json
-    unless not ``write`` (a bench asking what a reader would gain). Kept as it is when gate.json already holds a
-    choice for this reader and SLB calibration, unless ``force``."""
+    reader at ``slots`` (or ``reader``, any object with the slot reader's interface) on the model's validation lines
+    (ids in gate.json, drawn from its training ``lines``) + ``calibration``, ranked by a real router over the whole
+    ``registry``; stored in gate.json unless not ``write`` (a bench asking what a reader would gain). Kept as it is
+    when gate.json already holds a choice for this reader and SLB calibration, unless ``force``."""
+    import tempfile
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
     from services.engine.slots import SlotModel
+    from services.evals.routing import _open_router
     from services.router import argevidence
+    from services.router.training import make_examples
 
     if reader is None:
         if not SlotModel.exists(slots):
@@ -119,9 +86,22 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
     if not force and argevidence.is_current(meta, reader):
         log.info("gate model %s: argument evidence is current (%s)", gate_dir, meta["arg_evidence"]["feature"])
         return meta["arg_evidence"]
-    meta, choose = choosing_lines(gate_dir, lines, registry, calibration)
+    known, max_turns = set(registry.names), int(meta.get("max_turns", 4))
+    examples = {e.id: e for e in make_examples(lines, known, equivalents, max_turns)}
+    missing = [i for i in meta.get("val_ids", []) if i not in examples]
+    if missing:
+        raise ValueError(f"{len(missing)} validation ids of {gate_dir} are not among the given lines (e.g. "
+                         f"{missing[0]}): pass the lines the model was trained on")
+    choose = [examples[i] for i in meta.get("val_ids", [])] + make_examples(calibration, known, equivalents, max_turns)
     by_name = {t.name: t for t in registry.tools}
-    with slb_decider(gate_dir, registry) as decide:
+    with tempfile.TemporaryDirectory(prefix="nexus-arg-evidence-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(registry.tools))
+        router = _open_router(store, Embedder(""), gate_dir, slots="")  # the SLB as the router ranks, no 2nd stage
+
+        def decide(text: str, n: int) -> list[tuple[str, float]]:
+            return router.decide(text, n).slb_candidates[:n]
+
         section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress)
     if not write:
         return section
