@@ -10,8 +10,9 @@ order alternating, ``--repeats`` passes), and reports client-side round-trip lat
 server-measured ``route_ms`` and the escalation rate per arm, the ratio of their p50s, and a PNG of the
 latency distributions. Arms (``--arms``): ``model`` (the gate model as the router loads it by default: exemplar keys
 at its validation-chosen weight), ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
-over 338 rows instead of ~5,000) and ``staged`` (the model with its argument-evidence stage on,
-``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader). Latency only: the production gate model trained on
+over 338 rows instead of ~5,000), ``staged`` (the model with its argument-evidence stage on,
+``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader) and ``late`` (the stage on with the late reader
+at ``--late-reader``, services/router/late_reader.py, and the calibration it carries). Latency only: the production gate model trained on
 train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
 gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
@@ -30,7 +31,8 @@ import time
 from pathlib import Path
 
 # arm -> extra router environment
-ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"}}
+ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},
+        "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"}}  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
 
 
 def free_port() -> int:
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", required=True)
     ap.add_argument("--gate", default="var/models/gate")
     ap.add_argument("--slots", default="var/models/slots", help="slot reader of the argument-evidence stage")
+    ap.add_argument("--late-reader", default="var/models/late_reader",
+                    help="the late arm's reader (bench/routing_late_reader.py --export)")
     ap.add_argument("--json", default="reports/routing_grpc.json")
     ap.add_argument("--limit", type=int, default=0, help="lines to send (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="router torch threads")
@@ -167,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             for arm in arms:  # one after the other: both would embed the same missing keys into the store
                 logs[arm] = Path(tmp) / f"{arm}.log"
                 port = free_port()
-                procs[arm] = start_router(tmp, port, args.gate, args.threads, ARMS[arm], logs[arm], args.slots)
+                env = ARMS[arm] | ({"NEXUS_ROUTER_LATE_READER_DIR": str(Path(args.late_reader).resolve())}
+                                   if arm == "late" else {})
+                procs[arm] = start_router(tmp, port, args.gate, args.threads, env, logs[arm], args.slots)
                 ch = grpc.insecure_channel(f"127.0.0.1:{port}")
                 wait_serving(ch, procs[arm], logs[arm])
                 stubs[arm] = router_pb2_grpc.RouterServiceStub(ch)
@@ -197,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         "registry_size": next(iter(n_tools.values())), "gate_model": str(args.gate), "torch_threads": args.threads,
         "n_lines": len(lines), "repeats": args.repeats, "interleaved": "request by request, arm order alternating",
         "arms": {a: summarize(rtt[a], server_ms[a], esc[a], log_text[a]) for a in arms},
-        "arm_env": {a: ARMS[a] for a in arms},
+        "arm_env": {a: ARMS[a] | ({"NEXUS_ROUTER_LATE_READER_DIR": args.late_reader} if a == "late" else {})
+                    for a in arms},
         "load_avg_1m_at_end": os.getloadavg()[0],
         "cpus": os.cpu_count(),
     }

@@ -60,103 +60,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 from services.router.argevidence import CLIP  # noqa: E402
-
-D = 128
-K = 2
-LAYERS = 7  # the embeddings and MiniLM-L6's 6 layers
-MAX_LEN = 256  # the query encoder's
-HEAD_VERSION = "late-reader-v1"
-
-
-def build_head(d: int = D, k: int = K, hidden: int = 384, layers: int = LAYERS):
-    import torch
-    from torch import nn
-
-    class Layer(nn.Module):
-        """Pre-norm attention + feed-forward; ``kv`` gives the question's cached keys and values at this layer."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.heads = max(1, d // 64)
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-            self.drop = nn.Dropout(0.1)
-
-        def split(self, x):
-            b, n, _ = x.shape
-            return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-
-        def forward(self, x, mask, kv=None):
-            """``x``: (B, N, d) queries; ``kv``: (keys, values) of the tokens before x (B, heads, M, d/heads);
-            ``mask``: (B, 1, N, M + N) True where a query may attend."""
-            q, k_, v = self.qkv(self.ln1(x)).chunk(3, -1)
-            q, k_, v = self.split(q), self.split(k_), self.split(v)
-            own = (k_, v)
-            if kv is not None:
-                k_, v = torch.cat([kv[0], k_], 2), torch.cat([kv[1], v], 2)
-            a = torch.nn.functional.scaled_dot_product_attention(q, k_, v, attn_mask=mask)
-            x = x + self.drop(self.o(a.transpose(1, 2).reshape(x.shape)))
-            return x + self.drop(self.ff(self.ln2(x))), own
-
-    class Head(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mix = nn.Parameter(torch.zeros(layers))
-            self.norm = nn.LayerNorm(hidden)
-            self.proj = nn.Linear(hidden, d)
-            self.seg = nn.Embedding(2, d)
-            self.layers = nn.ModuleList([Layer() for _ in range(k)])
-            self.out_norm = nn.LayerNorm(d)
-            self.qa = nn.Linear(d, 2)
-
-        def embed(self, h, seg: int):
-            """(B, layers, N, hidden) frozen states -> (B, N, d)."""
-            x = torch.einsum("blnh,l->bnh", h, torch.softmax(self.mix, 0))
-            return self.proj(self.norm(x)) + self.seg.weight[seg]
-
-        def question_kv(self, hq, mq):
-            """Each layer's (keys, values) of the questions (B, Lq): they attend to themselves only."""
-            x = self.embed(hq, 0)
-            mask = mq[:, None, None, :].expand(-1, 1, x.shape[1], -1)
-            out = []
-            for layer in self.layers:
-                x, kv = layer(x, mask)
-                out.append(kv)
-            return out
-
-        def forward(self, qkv, mq, hc, mc):
-            """Start and end logits over the request's tokens (B, Lc) given the questions' cached keys and values
-            (``question_kv``) and the request's frozen states ``hc`` (B, layers, Lc, hidden) or, broadcast, (1, ...)."""
-            x = self.embed(hc, 1)
-            b = max(x.shape[0], mq.shape[0])
-            x = x.expand(b, -1, -1)
-            keys = torch.cat([mq, mc.expand(b, -1)], 1)[:, None, None, :].expand(-1, 1, x.shape[1], -1)
-            for layer, kv in zip(self.layers, qkv, strict=True):
-                x, _ = layer(x, keys, kv)
-            lo = self.qa(self.out_norm(x))
-            return lo[..., 0], lo[..., 1]
-
-    return Head()
-
-
-def encode_states(transformer, tokenizer, texts: Sequence[str], bs: int = 64) -> dict[str, tuple]:
-    """text -> (hidden states (LAYERS, n, hidden) float16, character offsets (n, 2)) under the frozen encoder."""
-    import torch
-
-    out: dict[str, tuple] = {}
-    todo = sorted(set(texts), key=len)
-    for b in range(0, len(todo), bs):
-        chunk = todo[b:b + bs]
-        enc = tokenizer(chunk, truncation=True, max_length=MAX_LEN, padding=True, return_offsets_mapping=True,
-                        return_tensors="pt")
-        offsets = enc.pop("offset_mapping").numpy()
-        with torch.inference_mode():
-            hs = torch.stack(transformer(**enc, output_hidden_states=True).hidden_states, 1)
-        for i, text in enumerate(chunk):
-            n = int(enc["attention_mask"][i].sum())
-            out[text] = (hs[i, :, :n].to(torch.float16), offsets[i, :n])
-    return out
+from services.router.late_reader import (  # noqa: E402
+    FORMAT,
+    HEAD_VERSION,
+    MAX_LEN,
+    D,
+    K,
+    LateReader,
+    build_head,
+    encode_states,
+    export_states_graph,
+    span_mask,
+)
 
 
 def answer_tokens(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
@@ -185,17 +100,6 @@ def pad_states(states: Sequence[Any]):
         h[i, :, :s.shape[1]] = s.float()
         m[i, :s.shape[1]] = True
     return h, m
-
-
-def span_mask(mc):
-    """Where an answer may start or end: the request's tokens without [CLS] (the "not stated" answer) and [SEP]."""
-    import torch
-
-    allow = mc.clone()
-    allow[:, 0] = False
-    last = mc.sum(1) - 1
-    allow[torch.arange(len(mc)), last] = False
-    return allow
 
 
 def logits(head, qstates, cstates):
@@ -454,66 +358,13 @@ def stated_scores(head, examples, qs: dict, cs: dict, bs: int = 64) -> np.ndarra
     return np.array(out)
 
 
-class LateReader:
-    """A trained head behind the slot reader's interface (``score``, ``threshold``, ``meta``, ``tokenizer``,
-    ``max_len``: what argevidence.read and bench/routing_arg_evidence.py use). ``score`` encodes the request with the
-    frozen encoder (the router's pass; cached per text); ``score_states`` is the escalation's own work."""
-
-    def __init__(self, head, transformer, tokenizer, threshold: float, meta: dict[str, Any], threads: int = 1):
-        self.head, self.transformer, self.tokenizer = head.eval(), transformer, tokenizer
-        self.threshold, self.meta, self.max_len, self.threads = threshold, meta, MAX_LEN, threads
-        self._q: dict[str, Any] = {}
-        self._c: dict[str, Any] = {}
-
-    def question_cache(self, questions: Sequence[str]) -> None:
-        """Registry-time work: each question's frozen states and the head's keys and values at every layer."""
-        import torch
-
-        new = [q for q in dict.fromkeys(questions) if q not in self._q]
-        states = encode_states(self.transformer, self.tokenizer, new)
-        with torch.inference_mode():
-            for q in new:
-                h = states[q][0].float()[None]
-                kv = self.head.question_kv(h, torch.ones(1, h.shape[2], dtype=torch.bool))
-                self._q[q] = [(k[0], v[0]) for k, v in kv]
-
-    def score_states(self, questions: Sequence[str], hc) -> list[list[tuple[int, int, float]]]:
-        """The escalation: every question's score over the request's states ``hc`` (LAYERS, n, hidden)."""
-        import torch
-
-        from services.engine.slots import top_spans
-
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
-        self.question_cache(questions)
-        cached = [self._q[q] for q in questions]
-        lq = max(c[0][0].shape[1] for c in cached)
-        mq = torch.zeros(len(questions), lq, dtype=torch.bool)
-        kv = []
-        for layer in range(len(self.head.layers)):
-            ks = torch.zeros(len(questions), *cached[0][layer][0].shape[:1], lq, cached[0][layer][0].shape[2])
-            vs = torch.zeros_like(ks)
-            for i, c in enumerate(cached):
-                n = c[layer][0].shape[1]
-                ks[i, :, :n], vs[i, :, :n] = c[layer]
-                mq[i, :n] = True
-            kv.append((ks, vs))
-        with torch.inference_mode():
-            mc = torch.ones(1, hc.shape[1], dtype=torch.bool)
-            s, e = self.head(kv, mq, hc.float()[None], mc)
-        allow = span_mask(mc).numpy()[0]
-        return [[top_spans(s[i].numpy(), e[i].numpy(), allow)[0]] for i in range(len(questions))]
-
-    def states(self, context: str):
-        if context not in self._c:
-            self._c.update(encode_states(self.transformer, self.tokenizer, [context]))
-        return self._c[context][0]
-
-    def score(self, questions: list[str], context: str, k: int = 1) -> list[list[tuple[int, int, float]]]:
-        """(token start, token end, score) per question: only the score is read by the stage."""
-        if not questions:
-            return []
-        return self.score_states(questions, self.states(context))
+def torch_reader(head, transformer, tokenizer, threshold: float, meta: dict[str, Any]) -> LateReader:
+    """The product's reader over the torch encoder (the router's reads ``states.onnx``: the same states to float16),
+    every request's states kept (the benches read the same lines under many settings)."""
+    reader = LateReader(head, lambda texts: [encode_states(transformer, tokenizer, texts)[t][0] for t in texts],
+                        tokenizer, threshold, meta, cache_size=None)
+    reader.transformer = transformer  # what export_states_graph and --export write out
+    return reader
 
 
 def routing_examples(lines, by_name):
@@ -588,9 +439,8 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
 
     def keep(step: str) -> None:  # the head as it is now, as a reader, before a later step changes it
         rec[f"stated_{step}"] = fig
-        earlier[step] = LateReader(copy.deepcopy(head), transformer, tok, fig["threshold"],
-                                   {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem,
-                                    "path": str(path)})
+        earlier[step] = torch_reader(copy.deepcopy(head), transformer, tok, fig["threshold"],
+                                     {"format": FORMAT, "data_hash": path.stem, "path": str(path)})
 
     def step(name: str, at: Path, fit: Callable[[], dict[str, Any]]) -> dict[str, float]:
         """A later training step of the head, cached at ``at``: its record in ``rec[name]``, the new stated
@@ -635,38 +485,8 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
         fig = step("route", path, route)
     rec["stated"] = fig
     rec["mix"] = [round(float(x), 3) for x in torch.softmax(head.mix.detach(), 0)]
-    meta = {"format": f"{HEAD_VERSION}/{gate_dir.name}", "data_hash": path.stem, "path": str(path)}
-    return LateReader(head, transformer, tok, fig["threshold"], meta), rec, earlier
-
-
-def export_states_graph(transformer, tokenizer, path: Path) -> None:
-    """The router's ONNX graph (transformer, mean pooling, normalization) with the hidden states as a second output."""
-    import warnings
-
-    import torch
-
-    class WithStates(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            o = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           output_hidden_states=True)
-            m = attention_mask.unsqueeze(-1).to(o.last_hidden_state.dtype)
-            v = (o.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(v, dim=-1), torch.stack(o.hidden_states, 1)
-
-    feats = tokenizer(["what time is it in Tokyo", "hi"], padding=True, return_tensors="pt")
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # the wrapper in eval mode: the exporter restores the module's mode afterwards, and a fresh module is in
-        # training mode, which would leave the encoder's dropout on
-        torch.onnx.export(WithStates(transformer).eval(), tuple(feats[n] for n in names), str(path), dynamo=False,
-                          opset_version=17, input_names=names, output_names=["sentence_embedding", "hidden_states"],
-                          dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names},
-                                        "sentence_embedding": {0: "batch"}, "hidden_states": {0: "batch", 2: "seq"}})
+    meta = {"format": FORMAT, "data_hash": path.stem, "path": str(path)}
+    return torch_reader(head, transformer, tok, fig["threshold"], meta), rec, earlier
 
 
 def time_onnx(graphs: dict[str, Path], tokenizer, texts: Sequence[str], repeats: int = 3) -> dict[str, dict[str, float]]:
@@ -717,6 +537,26 @@ def plot(report: dict, path: str) -> None:
     probe_plot(report, path, budget_ms=25.0)
 
 
+def export(reader: LateReader, gate: Path, queries, registry, calibration, out: str) -> int:
+    """``reader`` (``head_for``'s, for the production model at ``gate``) as the router's late reader at ``out``, with
+    the stage calibrated for it as ``make models`` calibrates it for the slot reader (the model's validation +
+    calibration lines, full registry; its cross-fit beside it)."""
+    from services.evals.routing_models import calibrate_arg_evidence
+    from services.router import late_reader
+
+    section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=reader,
+                                     write=False)
+    late_reader.save(out, reader.head, reader.transformer, reader.tokenizer, reader.threshold, reader.meta,
+                     json.loads((gate / "gate.json").read_text()), arg_evidence=section)
+    cf = section["crossfit"]
+    print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],
+                      "tau": section["tau"], "choose_top1_slb": section["choose_top1_slb"],
+                      "choose_top1": section["choose_top1"], "choose_top1_crossfit": cf["top1"],
+                      "choose_escalation_rate": section["choose_escalation_rate"]}, indent=1))
+    print(f"NEXUS_ROUTER_ARG_EVIDENCE=true NEXUS_ROUTER_LATE_READER_DIR={out} serves with it")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from routing_stated_probe import add_reader_args
 
@@ -739,6 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--routing-json", default="reports/routing_late_reader_routing.json",
                     help="bench/routing_arg_evidence.py with each fold's head ('' skips it)")
     ap.add_argument("--routing-args", default="--folds 0,1,2 --draws 3")
+    ap.add_argument("--export", default="", metavar="DIR",
+                    help="only train (or reuse) the production head, calibrate the stage with it on the production "
+                         "model's choosing lines and write it as the router's late reader (services/router/"
+                         "late_reader.py) to DIR: NEXUS_ROUTER_LATE_READER_DIR=DIR")
     a = ap.parse_args(argv)
 
     prepare_training_env()
@@ -769,6 +613,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
                                   distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
     heads = {"production": rec}
+    if a.export:
+        return export(prod, gate, queries, registry, load_augment(a.calibration), a.export)
     slot = SlotModel(a.slots, threads=1)
     preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
     stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val]))}

@@ -119,10 +119,12 @@ def drop_shared(readings: Sequence[Reading]) -> list[list[tuple[str, bool, float
 
 
 def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
-         distinct: bool = False) -> list[list[tuple[str, bool, float]]]:
+         distinct: bool = False, states: Any = None) -> list[list[tuple[str, bool, float]]]:
     """The reader's score of every span parameter of each tool (``required_only``: its required ones) in ``text``:
     one batch. A tool that is None (unregistered meanwhile) reads as no parameters. ``distinct``: parameters every
-    tool has (by name, e.g. owner and repo of GitHub twins) are not read (``drop_shared``)."""
+    tool has (by name, e.g. owner and repo of GitHub twins) are not read (``drop_shared``). ``states``: ``text``'s
+    token states from the router's own pass, for a reader that reads them (services.router.late_reader); used when
+    the reader's context is the whole text."""
     from services.engine.slots import slot_context, slot_params, slot_question
 
     ctx, _ = slot_context(text)
@@ -140,7 +142,8 @@ def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
             questions.append(slot_question(tool, name, prop))
             owners.append((j, name, name in req))
     out: list[list[tuple[str, bool, float]]] = [[] for _ in tools]
-    spans = reader.score(questions, ctx, k=1) if questions else []
+    given = {"states": states} if states is not None and ctx == text else {}
+    spans = reader.score(questions, ctx, k=1, **given) if questions else []
     for (j, name, req), s in zip(owners, spans, strict=True):
         out[j].append((name, req, float(s[0][2]) if s else -CLIP))
     return out
@@ -157,15 +160,16 @@ class ArgEvidence:
     top_k: int = TOP_K
     distinct: bool = False  # only the parameters that not every candidate has are read (``drop_shared``)
 
-    def features(self, text: str, tools: Sequence[Tool | None]) -> np.ndarray:
-        readings = read(self.reader, text, tools, required_only=self.feature != "stated", distinct=self.distinct)
+    def features(self, text: str, tools: Sequence[Tool | None], states: Any = None) -> np.ndarray:
+        readings = read(self.reader, text, tools, required_only=self.feature != "stated", distinct=self.distinct,
+                        states=states)
         return np.array([candidate_feature(r, self.feature, self.reader.threshold) for r in readings], np.float64)
 
     def rescore(self, text: str, slb: Sequence[tuple[str, float]],
-                tool_of: Callable[[str], Tool | None]) -> list[tuple[str, float]]:
+                tool_of: Callable[[str], Tool | None], states: Any = None) -> list[tuple[str, float]]:
         """``slb`` (the top ``top_k`` (name, score) candidates) re-ranked, each with its fused score
-        ``slb + alpha * feature``, best first."""
-        feats = self.features(text, [tool_of(n) for n, _ in slb])
+        ``slb + alpha * feature``, best first. ``states``: ``text``'s, for a reader of the router's states."""
+        feats = self.features(text, [tool_of(n) for n, _ in slb], states)
         scores = np.array([s for _, s in slb], np.float64)
         fused = scores + self.alpha * feats
         return [(slb[i][0], float(fused[i])) for i in rerank(scores, feats, self.alpha)]

@@ -39,6 +39,10 @@ class RouterConfig(TransportSecurity):
     # ~230 ms on this 2-core VM and ~20 % escalate (gRPC p99 27 -> 585 ms; reports/routing_experiments.md §19).
     arg_evidence: bool = False
     slots_model_dir: str = "var/models/slots"
+    # A late reader for the stage instead of the slot reader (services/router/late_reader.py): a small head over the
+    # router's own query-encoder states, ~11 ms per escalated request instead of ~350 ms, with the stage calibrated for
+    # it in its directory (bench/routing_late_reader.py --export). Empty: the slot reader.
+    late_reader_dir: str = ""
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the

@@ -124,16 +124,23 @@ class Router:
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
 
     def _load_arg_evidence(self) -> ArgEvidence | None:
-        """The gate model's calibrated argument-evidence stage with the configured slot reader, or None (no gate,
-        no reader, nothing calibrated for them: logged)."""
-        if self.gate is None or not self.gate.info.meta.get("arg_evidence"):
+        """The gate model's calibrated argument-evidence stage with the configured reader (the late reader at
+        late_reader_dir when set, else the slot reader), or None (no gate, no reader, nothing calibrated for them:
+        logged)."""
+        if self.gate is None:
             return None
-        if not self.config.arg_evidence or not self.config.slots_model_dir:
-            if self.gate.info.meta["arg_evidence"].get("feature", "none") != "none":
+        section = self.gate.info.meta.get("arg_evidence") or {}
+        if not self.config.arg_evidence:
+            if section.get("feature", "none") != "none" or self.config.late_reader_dir:
                 log.info("gate model %s has a calibrated argument-evidence stage; it is off (NEXUS_ROUTER_ARG_EVIDENCE="
-                         "true turns it on: more accurate, ~230 ms per escalated request)", self.gate.info.path)
+                         "true turns it on: more accurate, ~230 ms per escalated request with the slot reader, ~11 "
+                         "ms with a late reader)", self.gate.info.path)
             return None
         if self.gate.info.alpha > 0:  # the cross-encoder earned the second stage: it keeps it
+            return None
+        if self.config.late_reader_dir:
+            return self._load_late_reader()
+        if not section or not self.config.slots_model_dir:
             return None
         from services.engine.slots import load_slots
 
@@ -143,6 +150,27 @@ class Router:
             ae.reader.score(["warm up"], "warm up")
             log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
                                                         "top_k": ae.top_k, "reader": self.config.slots_model_dir})
+        return ae
+
+    def _load_late_reader(self) -> ArgEvidence | None:
+        """The stage with the late reader at late_reader_dir and the calibration it carries for this gate model's
+        SLB (None, logged, when it has none or is stale). The router then embeds each request through the reader's
+        graph: the same vector, and the states an escalation reads."""
+        from services.router import late_reader
+
+        path = self.config.late_reader_dir
+        reader = late_reader.load(path, self.gate, threads=self.config.torch_threads)
+        if reader is None:
+            return None
+        section = reader.meta.get("arg_evidence")
+        if not section:
+            log.error("late reader at %s carries no argument-evidence calibration: the stage is off", path)
+            return None
+        ae = argevidence.from_gate({**self.gate.info.meta, "arg_evidence": section}, reader)
+        if ae is not None:
+            ae.reader.score(["warm up"], "warm up")
+            log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
+                                                        "top_k": ae.top_k, "reader": path})
         return ae
 
     def _exemplar_weight(self) -> float:
@@ -316,7 +344,12 @@ class Router:
         gate = self.gate
         ae = self.arg_evidence
         n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0, ae.top_k if ae is not None else 0)
-        qvec = self.embed_request(text)
+        states = None
+        encoder = getattr(ae.reader, "encoder", None) if ae is not None else None
+        if encoder is not None:  # a late reader: the router's one pass also gives the states it reads
+            qvec, states = encoder.embed_with_states(text)
+        else:
+            qvec = self.embed_request(text)
         slb = self.index.search(qvec, n_slb, allowed=allowed, bonus=self._lexical_bonus(text))
         if not slb:
             raise EmptyRegistry("no tools are registered; call RegisterTools first")
@@ -334,7 +367,8 @@ class Router:
         elif ae is not None and len(slb) > 1 and margin < ae.tau:
             top = slb[: ae.top_k]
             tools = self.view.tools
-            final = ae.rescore(text, top, lambda n: tools[n].tool if n in tools else None) + list(slb[ae.top_k:])
+            final = (ae.rescore(text, top, lambda n: tools[n].tool if n in tools else None, states=states)
+                     + list(slb[ae.top_k:]))
             mode = "escalated"
         return RouteDecision(
             tool=final[0][0],

@@ -5,6 +5,7 @@ batch path, and its reader behind the argument-evidence stage, over the real Min
 import numpy as np
 import pytest
 
+from services.router.late_reader import LAYERS
 from tests.conftest import load_bench
 
 
@@ -42,7 +43,7 @@ def test_examples_are_cut_from_the_routing_text_and_answers_map_to_their_tokens(
     assert {e.context[e.start:e.end] for e in stated} == {"kube-system", "web-7f9", "shop"}
     for e in examples:
         h, offsets = cs[e.context]
-        assert h.shape == (lr.LAYERS, len(offsets), 384) and qs[e.question][0].shape[0] == lr.LAYERS
+        assert h.shape == (LAYERS, len(offsets), 384) and qs[e.question][0].shape[0] == LAYERS
         s, t = lr.answer_tokens(offsets, e.start, e.end)
         if e.start < 0:
             assert (s, t) == (0, 0)
@@ -60,8 +61,8 @@ def test_span_mask_keeps_the_request_without_cls_and_sep():
     lr = load_bench("routing_late_reader")
     mc = torch.tensor([[True, True, True, True, False], [True, True, True, True, True]])
     assert lr.span_mask(mc).tolist() == [[False, True, True, False, False], [False, True, True, True, False]]
-    h, m = lr.pad_states([torch.ones(lr.LAYERS, 3, 4), torch.ones(lr.LAYERS, 5, 4)])
-    assert h.shape == (2, lr.LAYERS, 5, 4) and m.sum(1).tolist() == [3, 5] and h[0, :, 3:].abs().sum() == 0
+    h, m = lr.pad_states([torch.ones(LAYERS, 3, 4), torch.ones(LAYERS, 5, 4)])
+    assert h.shape == (2, LAYERS, 5, 4) and m.sum(1).tolist() == [3, 5] and h[0, :, 3:].abs().sum() == 0
 
 
 def test_training_steps_lower_the_loss_on_what_they_see(late_parts):
@@ -160,7 +161,7 @@ def test_teacher_pairs_are_read_once_and_kept_by_what_they_depend_on(tmp_path, m
 
 def test_cached_escalation_path_matches_the_batch_path(late_parts):
     lr, transformer, tok, head, examples, qs, cs, _ = late_parts
-    reader = lr.LateReader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
+    reader = lr.torch_reader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
     ctx = examples[0].context
     mine = [e for e in examples if e.context == ctx]
     batch = lr.stated_scores(head, mine, qs, cs)
@@ -173,7 +174,7 @@ def test_reader_answers_each_question_and_caches_question_keys(late_parts):
     from services.engine.slots import slot_params, slot_question
     from services.router.argevidence import read
 
-    reader = lr.LateReader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
+    reader = lr.torch_reader(head, transformer, tok, 0.0, {"format": "late-reader/test", "data_hash": "x"})
     tools = [by_name["pods_list_in_namespace"], by_name["pods_list"], by_name["pods_get"]]
     text = "list the pods in the kube-system namespace"
     readings = read(reader, text, tools, required_only=False)
@@ -220,7 +221,7 @@ def test_states_graph_gives_the_router_vector_and_the_heads_states(late_parts, t
     mean = out.last_hidden_state[0].mean(0)
     assert not transformer.training  # the export leaves the encoder as it found it
     assert np.allclose(vec[0], (mean / mean.norm()).numpy(), atol=1e-4)
-    assert states.shape == (1, lr.LAYERS, len(cs[text][1]), 384)
+    assert states.shape == (1, LAYERS, len(cs[text][1]), 384)
     assert np.allclose(states[0], cs[text][0].float().numpy(), atol=2e-2)  # the bench keeps them in float16
     timed = lr.time_onnx({"a": graph, "b": graph}, tok, [text, "hi"], repeats=2)
     assert set(timed) == {"a", "b"} and all(t["n"] == 2 and 0 < t["p50"] <= t["p99"] for t in timed.values())

@@ -39,6 +39,23 @@ def test_arms_run_side_by_side_over_grpc(tmp_path):
     assert rep["p50_ratio_model_over_text"] > 0 and (tmp_path / "rg.png").stat().st_size > 10_000
 
 
+def test_the_late_arm_escalates_through_the_late_reader_over_grpc(tmp_path):
+    """A late reader calibrated to escalate everything (tau above any margin; untrained, the mechanics only): the
+    real router process loads it and every Route goes through it."""
+    from tests.router.test_late_reader import write_late_reader
+
+    late = write_late_reader(tmp_path / "late_reader", GATE,
+                             section={"feature": "req_min", "alpha": 1.0, "tau": 1e9, "top_k": 4})
+    out = _run(tmp_path, "--limit", "6", "--repeats", "1", "--arms", "model,late", "--late-reader", str(late))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = json.loads((tmp_path / "rg.json").read_text())
+    arms = rep["arms"]
+    assert arms["late"]["argument_evidence_loaded"] and arms["late"]["escalation_rate"] == 1.0
+    assert arms["late"]["n_requests"] == arms["model"]["n_requests"] == 6
+    assert not arms["model"]["argument_evidence_loaded"] and arms["model"]["escalation_rate"] == 0.0
+    assert rep["arm_env"]["late"]["NEXUS_ROUTER_LATE_READER_DIR"] == str(late)
+
+
 def test_unknown_arm_is_a_clear_error(tmp_path):
     out = _run(tmp_path, "--arms", "model,fast")
     assert out.returncode == 2 and "unknown arm" in out.stderr and "'fast'" in out.stderr

@@ -1,0 +1,381 @@
+"""The argument-evidence stage's fast reader: a small head over the router's own query-encoder states (issue 4).
+
+The slot reader the stage was calibrated with (services/engine/slots.py) cross-encodes every (parameter question,
+request) pair: ~250-350 ms per escalated request on one thread. This reader instead reads the hidden states of the
+pass the router already makes over the request to embed it (reports/routing_experiments.md §21-§23):
+
+* the router's query encoder runs once, through ``states.onnx``: the request's vector (what the SLB scans with, the
+  same vector as the gate model's own graph, checked at load) and every layer's token states;
+* each parameter question goes through the same graph once, and the head's keys and values of its tokens at every
+  layer are cached (questions attend to themselves only);
+* what an escalation computes is the head's ``k`` small layers over the request's tokens, one batch of questions:
+  ~11 / 26 / 44 ms p50 / p95 / p99 on one thread (bench/routing_late_reader.py);
+* a question's score is its best span's logit minus "not stated" (the request's [CLS]), as the slot reader's.
+
+A late-reader directory (``save``; bench/routing_late_reader.py ``--export`` trains and calibrates one):
+
+    late_reader.json  format, the head's shape, its stated threshold and data hash, the gate model it reads
+                      (``gate``: its data hash) and ``arg_evidence``: the stage calibrated with this reader under
+                      that gate model's SLB (``argevidence.calibrate``'s section, as gate.json holds the slot reader's)
+    head.pt           the head's weights
+    states.onnx       the gate's query encoder + mean pooling + normalization, its hidden states a second output
+
+The router uses it when ``NEXUS_ROUTER_ARG_EVIDENCE=true`` and ``NEXUS_ROUTER_LATE_READER_DIR`` name it (``load``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("nexus.router.late_reader")
+
+FORMAT = "nexus-late-reader-v1"
+HEAD_VERSION = "late-reader-v1"
+D = 128
+K = 2
+LAYERS = 7  # the embeddings and MiniLM-L6's 6 layers
+MAX_LEN = 256  # the query encoder's
+HIDDEN = 384
+META_FILE, HEAD_FILE, GRAPH_FILE = "late_reader.json", "head.pt", "states.onnx"
+
+
+def build_head(d: int = D, k: int = K, hidden: int = HIDDEN, layers: int = LAYERS):
+    """The head: a learned softmax mix of the encoder's ``layers`` states projected to ``d``, ``k`` pre-norm
+    transformer layers over [question; request] (the question's tokens attend to themselves only, so their keys and
+    values are cached per question), a start/end head."""
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        """Pre-norm attention + feed-forward; ``kv`` gives the question's cached keys and values at this layer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.heads = max(1, d // 64)
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+            self.drop = nn.Dropout(0.1)
+
+        def split(self, x):
+            b, n, _ = x.shape
+            return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+        def forward(self, x, mask, kv=None):
+            """``x``: (B, N, d) queries; ``kv``: (keys, values) of the tokens before x (B, heads, M, d/heads);
+            ``mask``: (B, 1, N, M + N) True where a query may attend."""
+            q, k_, v = self.qkv(self.ln1(x)).chunk(3, -1)
+            q, k_, v = self.split(q), self.split(k_), self.split(v)
+            own = (k_, v)
+            if kv is not None:
+                k_, v = torch.cat([kv[0], k_], 2), torch.cat([kv[1], v], 2)
+            a = torch.nn.functional.scaled_dot_product_attention(q, k_, v, attn_mask=mask)
+            x = x + self.drop(self.o(a.transpose(1, 2).reshape(x.shape)))
+            return x + self.drop(self.ff(self.ln2(x))), own
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mix = nn.Parameter(torch.zeros(layers))
+            self.norm = nn.LayerNorm(hidden)
+            self.proj = nn.Linear(hidden, d)
+            self.seg = nn.Embedding(2, d)
+            self.layers = nn.ModuleList([Layer() for _ in range(k)])
+            self.out_norm = nn.LayerNorm(d)
+            self.qa = nn.Linear(d, 2)
+
+        def embed(self, h, seg: int):
+            """(B, layers, N, hidden) frozen states -> (B, N, d)."""
+            x = torch.einsum("blnh,l->bnh", h, torch.softmax(self.mix, 0))
+            return self.proj(self.norm(x)) + self.seg.weight[seg]
+
+        def question_kv(self, hq, mq):
+            """Each layer's (keys, values) of the questions (B, Lq): they attend to themselves only."""
+            x = self.embed(hq, 0)
+            mask = mq[:, None, None, :].expand(-1, 1, x.shape[1], -1)
+            out = []
+            for layer in self.layers:
+                x, kv = layer(x, mask)
+                out.append(kv)
+            return out
+
+        def forward(self, qkv, mq, hc, mc):
+            """Start and end logits over the request's tokens (B, Lc) given the questions' cached keys and values
+            (``question_kv``) and the request's frozen states ``hc`` (B, layers, Lc, hidden) or, broadcast, (1, ...)."""
+            x = self.embed(hc, 1)
+            b = max(x.shape[0], mq.shape[0])
+            x = x.expand(b, -1, -1)
+            keys = torch.cat([mq, mc.expand(b, -1)], 1)[:, None, None, :].expand(-1, 1, x.shape[1], -1)
+            for layer, kv in zip(self.layers, qkv, strict=True):
+                x, _ = layer(x, keys, kv)
+            lo = self.qa(self.out_norm(x))
+            return lo[..., 0], lo[..., 1]
+
+    return Head()
+
+
+def span_mask(mc):
+    """Where an answer may start or end: the request's tokens without [CLS] (the "not stated" answer) and [SEP]."""
+    import torch
+
+    allow = mc.clone()
+    allow[:, 0] = False
+    last = mc.sum(1) - 1
+    allow[torch.arange(len(mc)), last] = False
+    return allow
+
+
+def encode_states(transformer, tokenizer, texts: Sequence[str], bs: int = 64,
+                  max_len: int = MAX_LEN) -> dict[str, tuple]:
+    """text -> (hidden states (LAYERS, n, hidden) float16, character offsets (n, 2)) under the frozen torch encoder
+    (training's path; the router's is ``OnnxStates``, the same states to float16)."""
+    import torch
+
+    out: dict[str, tuple] = {}
+    todo = sorted(set(texts), key=len)
+    for b in range(0, len(todo), bs):
+        chunk = todo[b:b + bs]
+        enc = tokenizer(chunk, truncation=True, max_length=max_len, padding=True, return_offsets_mapping=True,
+                        return_tensors="pt")
+        offsets = enc.pop("offset_mapping").numpy()
+        with torch.inference_mode():
+            hs = torch.stack(transformer(**enc, output_hidden_states=True).hidden_states, 1)
+        for i, text in enumerate(chunk):
+            n = int(enc["attention_mask"][i].sum())
+            out[text] = (hs[i, :, :n].to(torch.float16), offsets[i, :n])
+    return out
+
+
+def export_states_graph(transformer, tokenizer, path: str | Path) -> Path:
+    """The router's ONNX graph (transformer, mean pooling, normalization) with the hidden states (batch, LAYERS,
+    seq, hidden) as a second output, written atomically."""
+    import torch
+
+    from services.router.onnx_encoder import INPUT_ORDER, OPSET
+
+    class WithStates(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            o = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           output_hidden_states=True)
+            m = attention_mask.unsqueeze(-1).to(o.last_hidden_state.dtype)
+            v = (o.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(v, dim=-1), torch.stack(o.hidden_states, 1)
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    feats = tokenizer(["what time is it in Tokyo", "hi"], padding=True, return_tensors="pt")
+    names = list(INPUT_ORDER)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # the wrapper in eval mode: the exporter restores the module's mode afterwards, and a fresh module is in
+            # training mode, which would leave the encoder's dropout on
+            torch.onnx.export(WithStates(transformer).eval(), tuple(feats[n] for n in names), str(tmp), dynamo=False,
+                              opset_version=OPSET, input_names=names,
+                              output_names=["sentence_embedding", "hidden_states"],
+                              dynamic_axes={**{n: {0: "batch", 1: "seq"} for n in names},
+                                            "sentence_embedding": {0: "batch"},
+                                            "hidden_states": {0: "batch", 2: "seq"}})
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+class OnnxStates:
+    """One pass of ``states.onnx``: a request's vector and its token states. ``InferenceSession.run`` is
+    thread-safe, the tokenizer is not: one lock."""
+
+    def __init__(self, path: str | Path, tokenizer, max_len: int, threads: int):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(0, threads)
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.path = Path(path)
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.tokenizer, self.max_len = tokenizer, max_len
+        self._lock = threading.Lock()
+
+    def run(self, texts: Sequence[str]) -> tuple[np.ndarray, list[Any]]:
+        """The unit vectors (B, dim) of ``texts`` and each one's states (LAYERS, n, hidden) as float16-rounded
+        float32 tensors, as the head was trained on them."""
+        import torch
+
+        with self._lock:
+            feats = self.tokenizer(list(texts), return_tensors="np", truncation=True, max_length=self.max_len,
+                                   padding=True)
+        vec, hs = self.session.run(None, {n: feats[n].astype(np.int64, copy=False) for n in self.inputs})
+        lens = feats["attention_mask"].sum(1)
+        states = [torch.from_numpy(hs[i, :, :int(n)]).to(torch.float16).float() for i, n in enumerate(lens)]
+        return np.ascontiguousarray(vec, dtype=np.float32), states
+
+    def embed_with_states(self, text: str) -> tuple[np.ndarray, Any]:
+        """One request: its vector (what the router scans the SLB with) and its states (what an escalation reads)."""
+        vec, states = self.run([text])
+        return vec[0], states[0]
+
+
+class LateReader:
+    """A trained head behind the slot reader's interface (``score``, ``threshold``, ``meta``, ``tokenizer``,
+    ``max_len``: what argevidence.read and the benches use). ``states_of(texts)``: each text's states (LAYERS, n,
+    hidden); ``score`` takes the request's states from the router's pass when given, else encodes the request (kept
+    in a cache of ``cache_size`` requests, None: unbounded, for the benches' repeated reads). ``encoder``: the
+    ``OnnxStates`` the router embeds with when the reader was loaded from a directory, else None."""
+
+    def __init__(self, head, states_of: Callable[[Sequence[str]], list[Any]], tokenizer, threshold: float,
+                 meta: dict[str, Any], threads: int = 1, max_len: int = MAX_LEN, cache_size: int | None = 64,
+                 encoder: OnnxStates | None = None):
+        self.head, self.states_of, self.tokenizer = head.eval(), states_of, tokenizer
+        self.threshold, self.meta, self.max_len, self.threads = threshold, meta, max_len, threads
+        self.encoder, self.cache_size = encoder, cache_size
+        self._q: dict[str, Any] = {}
+        self._c: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def question_cache(self, questions: Sequence[str]) -> None:
+        """Registry-time work: each question's frozen states and the head's keys and values at every layer."""
+        import torch
+
+        new = [q for q in dict.fromkeys(questions) if q not in self._q]
+        if not new:
+            return
+        with torch.inference_mode():
+            for q, h in zip(new, self.states_of(new), strict=True):
+                kv = self.head.question_kv(h.float()[None], torch.ones(1, h.shape[1], dtype=torch.bool))
+                self._q[q] = [(k[0], v[0]) for k, v in kv]
+
+    def score_states(self, questions: Sequence[str], hc) -> list[list[tuple[int, int, float]]]:
+        """The escalation: every question's (start, end, score) over the request's states ``hc`` (LAYERS, n,
+        hidden): one batch."""
+        import torch
+
+        from services.engine.slots import top_spans
+
+        with self._lock:
+            if self.threads > 0 and torch.get_num_threads() != self.threads:
+                torch.set_num_threads(self.threads)
+            self.question_cache(questions)
+            cached = [self._q[q] for q in questions]
+            lq = max(c[0][0].shape[1] for c in cached)
+            mq = torch.zeros(len(questions), lq, dtype=torch.bool)
+            kv = []
+            for layer in range(len(self.head.layers)):
+                ks = torch.zeros(len(questions), *cached[0][layer][0].shape[:1], lq, cached[0][layer][0].shape[2])
+                vs = torch.zeros_like(ks)
+                for i, c in enumerate(cached):
+                    n = c[layer][0].shape[1]
+                    ks[i, :, :n], vs[i, :, :n] = c[layer]
+                    mq[i, :n] = True
+                kv.append((ks, vs))
+            with torch.inference_mode():
+                mc = torch.ones(1, hc.shape[1], dtype=torch.bool)
+                s, e = self.head(kv, mq, hc.float()[None], mc)
+        allow = span_mask(mc).numpy()[0]
+        return [[top_spans(s[i].numpy(), e[i].numpy(), allow)[0]] for i in range(len(questions))]
+
+    def states(self, context: str):
+        """``context``'s states, from the cache or encoded now."""
+        got = self._c.get(context)
+        if got is None:
+            got = self.states_of([context])[0]
+            self._c[context] = got
+            if self.cache_size is not None and len(self._c) > self.cache_size:
+                self._c.popitem(last=False)
+        return got
+
+    def score(self, questions: list[str], context: str, k: int = 1,
+              states: Any = None) -> list[list[tuple[int, int, float]]]:
+        """(token start, token end, score) per question (``k`` is 1: the stage reads the best span's score).
+        ``states``: ``context``'s own, from the router's pass."""
+        if not questions:
+            return []
+        return self.score_states(questions, self.states(context) if states is None else states)
+
+
+def gate_key(gate_meta: dict[str, Any]) -> dict[str, Any]:
+    """What a late reader records of the gate model whose encoder it reads."""
+    return {"data_hash": gate_meta.get("data_hash"), "format": gate_meta.get("format")}
+
+
+def save(out: str | Path, head, transformer, tokenizer, threshold: float, meta: dict[str, Any],
+         gate_meta: dict[str, Any], arg_evidence: dict[str, Any] | None = None) -> Path:
+    """Write a late-reader directory (the module's layout) for ``head`` trained on ``transformer`` (the gate
+    model's query encoder, described by its gate.json ``gate_meta``). ``meta``: the head's record (its
+    ``data_hash`` identifies its scores, with the threshold); ``arg_evidence``: the stage's calibration with it."""
+    import torch
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(head.state_dict(), out / HEAD_FILE)
+    export_states_graph(transformer, tokenizer, out / GRAPH_FILE)
+    mix = torch.softmax(head.mix.detach(), 0)
+    doc = {**meta, "format": FORMAT, "threshold": float(threshold), "gate": gate_key(gate_meta),
+           "shape": {"d": int(head.proj.out_features), "k": len(head.layers), "layers": int(mix.numel()),
+                     "hidden": int(head.proj.in_features)},
+           "arg_evidence": arg_evidence}
+    tmp = out / f".{META_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out / META_FILE)
+    return out
+
+
+def exists(path: str | Path) -> bool:
+    root = Path(path)
+    return all((root / f).is_file() for f in (META_FILE, HEAD_FILE, GRAPH_FILE))
+
+
+def load(path: str | Path, gate, threads: int = 1) -> LateReader | None:
+    """The late reader at ``path`` for the loaded ``gate`` (a GateModel), or None with the reason logged: none there,
+    another format, trained for another gate model, or a graph whose vector is not the gate's."""
+    from services.router.onnx_encoder import MIN_COSINE, PROBE
+
+    root = Path(path)
+    if not exists(root):
+        log.error("no late reader at %s (%s, %s and %s): the argument-evidence stage is off; "
+                  "bench/routing_late_reader.py --export writes one", root, META_FILE, HEAD_FILE, GRAPH_FILE)
+        return None
+    try:
+        doc = json.loads((root / META_FILE).read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT!r}")
+        if doc.get("gate") != gate_key(gate.info.meta):
+            raise ValueError(f"trained for gate model {doc.get('gate')}, not the loaded {gate_key(gate.info.meta)}")
+        single = gate._single
+        if single is None:
+            raise ValueError("the gate model's query encoder is not Transformer + mean pooling")
+        import torch
+        from transformers import AutoTokenizer
+
+        shape = doc["shape"]
+        head = build_head(d=int(shape["d"]), k=int(shape["k"]), hidden=int(shape["hidden"]),
+                          layers=int(shape["layers"]))
+        head.load_state_dict(torch.load(root / HEAD_FILE, weights_only=True))
+        tokenizer = AutoTokenizer.from_pretrained(str(Path(gate.info.path) / "query_encoder"))
+        enc = OnnxStates(root / GRAPH_FILE, tokenizer, single[2], threads)
+        vec, _ = enc.embed_with_states(PROBE)
+        cos = float(vec @ gate.embed_query_torch(PROBE))
+        if not cos >= MIN_COSINE:  # NaN fails too
+            raise ValueError(f"its graph's vector is not the gate model's (probe cosine {cos:.5f})")
+    except Exception as e:  # a corrupt file raises anything from json, torch or onnxruntime
+        log.error("late reader at %s unusable (%s): the argument-evidence stage is off", root, e)
+        return None
+    return LateReader(head, lambda texts: enc.run(texts)[1], tokenizer, float(doc["threshold"]), doc,
+                      threads=threads, max_len=single[2], encoder=enc)
