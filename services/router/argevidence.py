@@ -149,6 +149,13 @@ def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
     return out
 
 
+def questions_of(tools: Sequence[Tool]) -> list[str]:
+    """Every question ``read`` may ask of ``tools``: one per span parameter (what a reader can cache per registry)."""
+    from services.engine.slots import slot_params, slot_question
+
+    return [slot_question(t, name, prop) for t in tools for name, prop in slot_params(t)]
+
+
 @dataclass(frozen=True)
 class ArgEvidence:
     """A calibrated second stage: the reader and the choice ``calibrate`` made."""

@@ -214,23 +214,29 @@ class OnnxStates:
         self.tokenizer, self.max_len = tokenizer, max_len
         self._lock = threading.Lock()
 
-    def run(self, texts: Sequence[str]) -> tuple[np.ndarray, list[Any]]:
-        """The unit vectors (B, dim) of ``texts`` and each one's states (LAYERS, n, hidden) as float16-rounded
-        float32 tensors, as the head was trained on them."""
-        import torch
-
+    def run(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The unit vectors (B, dim) of ``texts`` and each one's states (LAYERS, n, hidden), float32 (the reader
+        rounds them to float16 as the head was trained, ``as_states``, only when it reads them)."""
         with self._lock:
             feats = self.tokenizer(list(texts), return_tensors="np", truncation=True, max_length=self.max_len,
                                    padding=True)
         vec, hs = self.session.run(None, {n: feats[n].astype(np.int64, copy=False) for n in self.inputs})
         lens = feats["attention_mask"].sum(1)
-        states = [torch.from_numpy(hs[i, :, :int(n)]).to(torch.float16).float() for i, n in enumerate(lens)]
-        return np.ascontiguousarray(vec, dtype=np.float32), states
+        return np.ascontiguousarray(vec, dtype=np.float32), [hs[i, :, :int(n)] for i, n in enumerate(lens)]
 
     def embed_with_states(self, text: str) -> tuple[np.ndarray, Any]:
         """One request: its vector (what the router scans the SLB with) and its states (what an escalation reads)."""
         vec, states = self.run([text])
         return vec[0], states[0]
+
+
+def as_states(h):
+    """States as the head reads them: a float32 tensor of float16-rounded values (training kept them in float16)."""
+    import torch
+
+    if isinstance(h, np.ndarray):
+        h = torch.from_numpy(h)
+    return h.to(torch.float16).float()
 
 
 class LateReader:
@@ -248,19 +254,25 @@ class LateReader:
         self.encoder, self.cache_size = encoder, cache_size
         self._q: dict[str, Any] = {}
         self._c: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
-    def question_cache(self, questions: Sequence[str]) -> None:
-        """Registry-time work: each question's frozen states and the head's keys and values at every layer."""
+    def question_cache(self, questions: Sequence[str], chunk: int = 32) -> int:
+        """Registry-time work: each question's frozen states and the head's keys and values at every layer (the
+        router warms it for every tool it loads). ``chunk`` questions at a time, each chunk under the reader's lock
+        (an escalation meanwhile waits for one chunk, not the whole registry). Returns how many were new."""
         import torch
 
         new = [q for q in dict.fromkeys(questions) if q not in self._q]
-        if not new:
-            return
-        with torch.inference_mode():
-            for q, h in zip(new, self.states_of(new), strict=True):
-                kv = self.head.question_kv(h.float()[None], torch.ones(1, h.shape[1], dtype=torch.bool))
-                self._q[q] = [(k[0], v[0]) for k, v in kv]
+        for b in range(0, len(new), chunk):
+            with self._lock, torch.inference_mode():
+                if self.threads > 0 and torch.get_num_threads() != self.threads:
+                    torch.set_num_threads(self.threads)
+                part = [q for q in new[b:b + chunk] if q not in self._q]
+                for q, h in zip(part, self.states_of(part) if part else [], strict=True):
+                    h = as_states(h)
+                    kv = self.head.question_kv(h[None], torch.ones(1, h.shape[1], dtype=torch.bool))
+                    self._q[q] = [(k[0], v[0]) for k, v in kv]
+        return len(new)
 
     def score_states(self, questions: Sequence[str], hc) -> list[list[tuple[int, int, float]]]:
         """The escalation: every question's (start, end, score) over the request's states ``hc`` (LAYERS, n,
@@ -287,19 +299,20 @@ class LateReader:
                 kv.append((ks, vs))
             with torch.inference_mode():
                 mc = torch.ones(1, hc.shape[1], dtype=torch.bool)
-                s, e = self.head(kv, mq, hc.float()[None], mc)
+                s, e = self.head(kv, mq, as_states(hc)[None], mc)
         allow = span_mask(mc).numpy()[0]
         return [[top_spans(s[i].numpy(), e[i].numpy(), allow)[0]] for i in range(len(questions))]
 
     def states(self, context: str):
         """``context``'s states, from the cache or encoded now."""
-        got = self._c.get(context)
-        if got is None:
-            got = self.states_of([context])[0]
-            self._c[context] = got
-            if self.cache_size is not None and len(self._c) > self.cache_size:
-                self._c.popitem(last=False)
-        return got
+        with self._lock:
+            got = self._c.get(context)
+            if got is None:
+                got = self.states_of([context])[0]
+                self._c[context] = got
+                if self.cache_size is not None and len(self._c) > self.cache_size:
+                    self._c.popitem(last=False)
+            return got
 
     def score(self, questions: list[str], context: str, k: int = 1,
               states: Any = None) -> list[list[tuple[int, int, float]]]:

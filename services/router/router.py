@@ -230,6 +230,7 @@ class Router:
         if self.gate is not None and self.gate.info.lexical_weight > 0:
             order = sorted(tools)
             self._lexical = (order, LexicalIndex.of_tools([tools[n] for n in order]))
+        self._warm_reader(tools)
         self.index.replace_all({n: vecs[n] for n in sorted(tools)})
         self._ce_texts = {n: ce_tool_text(t) for n, t in tools.items()}
         self.view = RegistryView(
@@ -238,6 +239,18 @@ class Router:
             version=version,
         )
         log.info("registry loaded", extra={"tools": len(tools), "version": version})
+
+    def _warm_reader(self, tools: dict[str, Tool]) -> None:
+        """A reader that caches per question (the late reader) reads every new tool's questions now, at load, not
+        on the first request that escalates to the tool."""
+        ae = self.arg_evidence
+        if ae is None or not hasattr(ae.reader, "question_cache"):
+            return
+        t0 = time.perf_counter()
+        new = ae.reader.question_cache(argevidence.questions_of([tools[n] for n in sorted(tools)]))
+        if new:
+            log.info("argument-evidence questions cached", extra={"questions": new,
+                                                                  "ms": round((time.perf_counter() - t0) * 1e3)})
 
     def _alt_keys(self, tools: dict[str, Tool]) -> dict[str, np.ndarray]:
         """Alternate keys (``keys.alt_tool_text`` embedded with the base embedder), cached in the store."""

@@ -64,7 +64,7 @@ def test_a_saved_reader_reads_the_routers_own_pass(saved, gate):
     tokenizer, transformer, _ = gate._single
     ref = lr.encode_states(transformer, tokenizer, [TEXT])[TEXT][0]
     assert states.shape == ref.shape == (lr.LAYERS, len(tokenizer(TEXT)["input_ids"]), lr.HIDDEN)
-    assert torch.allclose(states, ref.float(), atol=2e-2)  # the training path's states, both float16-rounded
+    assert torch.allclose(lr.as_states(states), ref.float(), atol=2e-2)  # the training path's, float16-rounded
     questions = ["What is the namespace?", "What is the pod name?", "What is the label selector?"]
     given = reader.score(questions, TEXT, states=states)
     assert given == reader.score(questions, TEXT)  # the router's states or its own pass: the same reading
@@ -133,9 +133,12 @@ def _router(tmp_path, late_dir, tools, on=True):
 
 def test_the_router_escalates_through_the_late_reader(saved, tmp_path, all_tools, caplog):
     k8s = [t for t in all_tools if t.name.startswith(("pods_", "namespaces_", "resources_"))]
+    caplog.set_level(logging.INFO, logger="nexus.router")
     router = _router(tmp_path / "on", saved, k8s)
     stage = router.arg_evidence
     assert stage is not None and isinstance(stage.reader, lr.LateReader) and stage.distinct
+    # the registry's questions were read at load: an escalation only reads the request
+    assert set(stage.reader._q) == {*ae.questions_of(k8s), "warm up"} and "argument-evidence questions cached" in caplog.text
     d = router.decide(TEXT, 3)
     assert d.gate == "escalated" and d.escalated  # tau above any margin: every request escalates
     off = _router(tmp_path / "off", saved, k8s, on=False)
@@ -151,7 +154,6 @@ def test_the_router_escalates_through_the_late_reader(saved, tmp_path, all_tools
     best = int(ae.rerank(slb4, feats, 10.0)[0])
     assert d.tool == top4[best] and d.score == pytest.approx(slb4[best] + 10.0 * feats[best], abs=1e-3)
     # no calibration in the directory, or one made for another SLB calibration: the stage stays off, logged
-    caplog.set_level(logging.WARNING)
     bare = write_late_reader(tmp_path / "bare")
     assert _router(tmp_path / "bare-r", bare, k8s).arg_evidence is None
     assert any("carries no argument-evidence calibration" in r.getMessage() for r in caplog.records)
