@@ -163,8 +163,7 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
         def read_all(text: str, tools: list[str], cache=cache) -> list:
             return cache.read(text, tools)
 
-        tb = fm.meta["slb"].get("tool_bias") or {}
-        bias = np.array([float(tb.get(n, 0.0)) for n in names], np.float32)
+        bias = fm.bias(names)
         cs = fm.scores([e.text for e in fm.choose], keys) + bias
         hs = fm.scores([e.text for e in fm.held], keys) + bias
         row_of = {e.text: r for r, e in enumerate(fm.choose)}

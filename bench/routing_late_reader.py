@@ -225,27 +225,20 @@ def route_groups(gate_dir: Path, lines, registry, top_k: int = 4, distinct: bool
     from services.common.models import default_embedder_path
     from services.engine.slots import slot_context, slot_params, slot_question
     from services.evals.data import equivalents
+    from services.evals.routing_models import load_scorer
     from services.router.argevidence import shared_names
     from services.router.router import routing_text
-    from services.router.training import _encode_eval, float_tool_scores, tool_text
+    from services.router.training import _encode_eval, tool_text
 
-    meta = json.loads((gate_dir / "gate.json").read_text())
-    slb = meta["slb"]
     names = list(registry.names)
     pos = {n: i for i, n in enumerate(names)}
     by_name = {t.name: t for t in registry.tools}
-    rows = [json.loads(x) for x in (gate_dir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
-    row_of = {r["id"]: i for i, r in enumerate(rows)}
-    ex_v = np.load(gate_dir / "exemplars.npy").astype(np.float32)
+    gs = load_scorer(gate_dir, names)
+    row_of = {r["id"]: i for i, r in enumerate(gs.rows)}
     keys = _encode_eval(SentenceTransformer(str(default_embedder_path()), device="cpu"),
                         [tool_text(by_name[n]) for n in names])
-    texts = [routing_text(ln.query, list(ln.history), int(meta.get("max_turns", 4))) for ln in lines]
-    q = _encode_eval(SentenceTransformer(str(gate_dir / "query_encoder"), device="cpu"), texts)
-    scores = float_tool_scores(q, keys, ex_v, np.array([pos[r["tool"]] for r in rows]),
-                               float(slb["exemplar_weight"]), float(slb.get("exemplar_temperature", 0.0)),
-                               float(slb.get("exemplar_gap", 0.0)),
-                               leave_out=np.array([row_of.get(ln.id, -1) for ln in lines]))
-    scores += np.array([float((slb.get("tool_bias") or {}).get(n, 0.0)) for n in names], np.float32)
+    texts = [routing_text(ln.query, list(ln.history), int(gs.meta.get("max_turns", 4))) for ln in lines]
+    scores = gs.scores(texts, keys, leave_out=np.array([row_of.get(ln.id, -1) for ln in lines])) + gs.bias(names)
     groups = []
     for ln, text, sc in zip(lines, texts, scores, strict=True):
         right = {pos[n] for n in equivalents(ln.tool) | {ln.tool} if n in pos}

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +137,9 @@ def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, h
 
 
 @dataclass
-class FoldModel:
-    """One fold of the evaluation's protocol as the float-score benches read it: the fold's cached gate model
-    (``train_cached``), its query encoder and exemplar rows, the lines that choose a bench's parameters (the model's
-    validation lines + ``choose_extra``) and the fold's held-out lines (``idxs`` into the protocol's lines)."""
+class GateScorer:
+    """A gate model directory's SLB in float, as the benches score with it: its query encoder, its exemplar rows
+    and their vectors, and gate.json's calibrated exemplar weight, temperature, gap and tool bias (``load_scorer``)."""
 
     dir: Path
     meta: dict[str, Any]
@@ -148,9 +147,6 @@ class FoldModel:
     rows: list[dict[str, Any]]
     ex_v: np.ndarray
     tool_of_row: np.ndarray
-    choose: list[Any]
-    held: list[Any]
-    idxs: list[int]
 
     @property
     def w(self) -> float:
@@ -164,17 +160,47 @@ class FoldModel:
     def gap(self) -> float:
         return float(self.meta["slb"].get("exemplar_gap", 0.0))
 
+    def bias(self, names: Sequence[str]) -> np.ndarray:
+        """The calibrated tool bias of each of ``names`` (0 for a tool without one)."""
+        tb = self.meta["slb"].get("tool_bias") or {}
+        return np.array([float(tb.get(n, 0.0)) for n in names], np.float32)
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         from services.router.training import _encode_eval
 
         return _encode_eval(self.qenc, list(texts))
 
-    def scores(self, texts: Sequence[str], keys: np.ndarray) -> np.ndarray:
+    def scores(self, texts: Sequence[str], keys: np.ndarray, leave_out: np.ndarray | None = None) -> np.ndarray:
         """The SLB's float scores of ``texts`` over the tools of ``keys`` (no tool bias): ``float_tool_scores`` at
-        the model's calibrated exemplar weight, temperature and gap."""
+        the model's calibrated exemplar weight, temperature and gap; ``leave_out``: each text's own exemplar row
+        (-1: none)."""
         from services.router.training import float_tool_scores
 
-        return float_tool_scores(self.embed(texts), keys, self.ex_v, self.tool_of_row, self.w, self.temp, self.gap)
+        return float_tool_scores(self.embed(texts), keys, self.ex_v, self.tool_of_row, self.w, self.temp, self.gap,
+                                 leave_out=leave_out)
+
+
+def load_scorer(gdir: Path, names: Sequence[str]) -> GateScorer:
+    """``GateScorer`` of the gate model at ``gdir`` over the registry ``names`` (the exemplar rows' tools by index)."""
+    from sentence_transformers import SentenceTransformer
+
+    pos = {n: i for i, n in enumerate(names)}
+    rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
+    return GateScorer(dir=gdir, meta=json.loads((gdir / "gate.json").read_text()),
+                      qenc=SentenceTransformer(str(gdir / "query_encoder"), device="cpu"), rows=rows,
+                      ex_v=np.load(gdir / "exemplars.npy").astype(np.float32),
+                      tool_of_row=np.array([pos[r["tool"]] for r in rows]))
+
+
+@dataclass
+class FoldModel(GateScorer):
+    """One fold of the evaluation's protocol as the float-score benches read it: the fold's cached gate model
+    (``train_cached``) as a ``GateScorer``, the lines that choose a bench's parameters (the model's validation lines
+    + ``choose_extra``) and the fold's held-out lines (``idxs`` into the protocol's lines)."""
+
+    choose: list[Any] = field(default_factory=list)
+    held: list[Any] = field(default_factory=list)
+    idxs: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -225,21 +251,15 @@ def load_fold(proto: Any, fold: int, hp: GateHyperParams, models_root: str, extr
     """``FoldModel`` of ``fold`` of ``proto`` (a ``routing.Protocol``): trained once (cached) on the other folds +
     ``extra``, calibrated on its validation lines + ``calibration``; ``choose_extra``: examples that join its
     validation lines as the bench's choosing lines (usually the calibration lines' examples)."""
-    from sentence_transformers import SentenceTransformer
-
     from services.router.training import make_examples
 
     registry, known = proto.registry, set(proto.registry.names)
-    pos = {n: i for i, n in enumerate(registry.names)}
     train, idxs = proto.split(fold)
     gdir = train_cached(train, registry, hp, models_root, False, label=f"fold {fold}", extra=extra,
                         calibration=calibration)
-    meta = json.loads((gdir / "gate.json").read_text())
-    rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
+    sc = load_scorer(gdir, registry.names)
     examples = {e.id: e for e in make_examples(train, known, equivalents, hp.max_turns)}
-    return FoldModel(dir=gdir, meta=meta, qenc=SentenceTransformer(str(gdir / "query_encoder"), device="cpu"),
-                     rows=rows, ex_v=np.load(gdir / "exemplars.npy").astype(np.float32),
-                     tool_of_row=np.array([pos[r["tool"]] for r in rows]),
-                     choose=[examples[i] for i in meta["val_ids"]] + list(choose_extra),
+    return FoldModel(**{f.name: getattr(sc, f.name) for f in fields(GateScorer)},
+                     choose=[examples[i] for i in sc.meta["val_ids"]] + list(choose_extra),
                      held=make_examples([proto.lines[i] for i in idxs], known, equivalents, hp.max_turns),
                      idxs=list(idxs))

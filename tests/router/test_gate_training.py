@@ -235,6 +235,34 @@ def test_the_calibrated_tool_bias_is_added_at_the_models_exemplar_weight_only(ti
     assert broken.index._snap.bias is None and dict(broken.route(query, top_k=3).candidates)
 
 
+def test_a_gate_directory_scores_in_float_what_the_router_scans(tiny, embedder, tmp_path):
+    """``routing_models.load_scorer``, the benches' float SLB of a gate directory (and so of a fold model): the
+    router's scores to INT8 noise, tool bias included; a request's own exemplar row can be left out."""
+    from dataclasses import fields
+
+    from services.evals.routing_models import FoldModel, GateScorer, load_scorer
+
+    bias = {"set": 0.4}
+    gate_dir = _with_tau(tiny, -1e9, exemplar_weight=0.75, exemplar_temperature=0.02, tool_bias=bias)
+    store = LocalStore(tmp_path / "store")
+    store.registry_put(tiny["tools"])
+    r = _router(store, embedder, gate_dir)
+    names = r.index.names()
+    gs = load_scorer(gate_dir, names)
+    assert (gs.w, gs.temp) == (0.75, 0.02) and np.allclose(gs.bias(names), [bias.get(n, 0.0) for n in names])
+    keys = np.array([r.index.vector(n) for n in names])
+    rows = gs.rows[:3]
+    got = gs.scores([x["text"] for x in rows], keys) + gs.bias(names)
+    for x, sc in zip(rows, got, strict=True):
+        want = dict(r.route(x["text"], top_k=len(names)).candidates)
+        assert all(sc[i] == pytest.approx(want[n], abs=0.02) for i, n in enumerate(names))
+    out = gs.scores([x["text"] for x in rows], keys, leave_out=np.arange(3))
+    own = [names.index(x["tool"]) for x in rows]
+    assert all(out[i, j] <= got[i, j] - gs.bias(names)[j] + 1e-6 for i, j in enumerate(own))
+    fm = FoldModel(**{f.name: getattr(gs, f.name) for f in fields(GateScorer)}, idxs=[1])
+    assert np.array_equal(fm.scores([rows[0]["text"]], keys), gs.scores([rows[0]["text"]], keys)) and fm.held == []
+
+
 def test_router_escalates_below_tau_and_reranks_top_k(tiny, embedder, tmp_path):
     store = LocalStore(tmp_path / "store")
     store.registry_put(tiny["tools"])
