@@ -19,7 +19,7 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability
+.PHONY: help setup deps proto native models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability late-reader
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -101,6 +101,14 @@ var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/
 		--out $(MODEL_CACHE)/slots $(if $(CI),--quiet,)
 	ln -sfn $(MODEL_CACHE)/slots var/models/slots
 	touch $@
+
+# The argument-evidence stage's fast reader (services/router/late_reader.py): a head over the gate model's own
+# query-encoder states, trained on the augment lines and on the stage's decisions, then the stage calibrated for it
+# (~35 min on 2 cores the first time; the heads are cached in var/models/late-reader-heads). Not part of setup: the
+# stage is off by default. Serve with NEXUS_ROUTER_ARG_EVIDENCE=true NEXUS_ROUTER_LATE_READER_DIR=var/models/late_reader.
+late-reader: models  ## train the stage's late reader for the gate model -> var/models/late_reader (~35 min once)
+	$(VENV)/bin/python bench/routing_late_reader.py --route --export var/models/late_reader \
+		--tools $(TOOLS) --queries $(QUERIES)
 
 native: $(VENV)/.stamp-native  ## build the pybind11 core
 $(VENV)/.stamp-native: $(NATIVE_SRC) $(VENV)/.stamp-deps

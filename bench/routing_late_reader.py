@@ -556,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_reader_args(ap, "the heads' training lines")
     ap.add_argument("--models-root", default="var/models", help="the fold models (bench/routing_arg_evidence.py's)")
-    ap.add_argument("--out", default="var/models/late-reader", help="heads, reused unless --retrain")
+    ap.add_argument("--out", default="var/models/late-reader-heads", help="heads, reused unless --retrain")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--layers", type=int, default=K, help="the head's transformer layers")
     ap.add_argument("--distill", action="store_true",
