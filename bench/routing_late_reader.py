@@ -550,64 +550,17 @@ def export(reader: LateReader, gate: Path, queries, registry, calibration, out: 
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from routing_stated_probe import add_reader_args
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_reader_args(ap, "the heads' training lines")
-    ap.add_argument("--models-root", default="var/models", help="the fold models (bench/routing_arg_evidence.py's)")
-    ap.add_argument("--out", default="var/models/late-reader-heads", help="heads, reused unless --retrain")
-    ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=K, help="the head's transformer layers")
-    ap.add_argument("--distill", action="store_true",
-                    help="then distil the slot reader's scores on the SLB's top-4 parameters of the augment lines")
-    ap.add_argument("--distill-epochs", type=int, default=2)
-    ap.add_argument("--route", action="store_true",
-                    help="then train the head on the stage's decisions: the augment lines' leave-one-out SLB top 4 "
-                         "(route_groups, route_tune)")
-    ap.add_argument("--route-epochs", type=int, default=2)
-    ap.add_argument("--retrain", action="store_true")
-    ap.add_argument("--time-limit", type=int, default=200, help="escalations timed")
-    ap.add_argument("--json", default="reports/routing_late_reader.json")
-    ap.add_argument("--routing-json", default="reports/routing_late_reader_routing.json",
-                    help="bench/routing_arg_evidence.py with each fold's head ('' skips it)")
-    ap.add_argument("--routing-args", default="--folds 0,1,2 --draws 3")
-    ap.add_argument("--export", default="", metavar="DIR",
-                    help="only train (or reuse) the production head, calibrate the stage with it on the production "
-                         "model's choosing lines and write it as the router's late reader (services/router/"
-                         "late_reader.py) to DIR: NEXUS_ROUTER_LATE_READER_DIR=DIR")
-    a = ap.parse_args(argv)
-
-    prepare_training_env()
+def production_figures(a, gate: Path, prod: LateReader, rec: dict[str, Any], earlier: dict[str, LateReader],
+                        name: str, queries, registry, train, val, heads: dict[str, Any], teacher, groups
+                        ) -> tuple[dict[str, Any], tuple]:
+    """The production model's figures (the module's "Measured"): the report and what the console echoes."""
     import torch
     from routing_stated_probe import escalations, stated_figures, time_reads
 
     from services.engine.slot_training import predict
     from services.engine.slots import SlotModel
-    from services.evals.args import tune_split
-    from services.evals.data import load_queries, load_registry
-    from services.evals.routing import write_report
     from services.evals.routing_models import calibrate_arg_evidence, load_augment
 
-    t0 = time.time()
-    torch.set_num_threads(2)
-    registry = load_registry(a.tools)
-    by_name = {t.name: t for t in registry.tools}
-    queries = load_queries(a.queries)
-    tune, _ = tune_split(queries)
-    augment = load_augment(a.augment)
-    train, val = routing_examples(augment, by_name), routing_examples(tune, by_name)
-    out = Path(a.out)
-    gate = Path(a.gate).resolve()
-    teacher = teacher_for(augment, registry.tools, a.gate, a.slots, out) if a.distill else []
-    groups = route_groups(gate, augment, registry) if a.route else []
-    last = "route-tuned" if groups else "distilled" if teacher else "span"
-    name = f"late reader ({last}, K = {a.layers})"
-    prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                                  distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
-    heads = {"production": rec}
-    if a.export:
-        return export(prod, gate, queries, registry, load_augment(a.calibration), a.export)
     slot = SlotModel(a.slots, threads=1)
     preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
     stated = {"slot reader": stated_figures(np.array([p[2] for p in preds]), np.array([e.start >= 0 for e in val]))}
@@ -643,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ctxs = [c for _, c in batches[:a.time_limit]]
         onnx = time_onnx({"router pass": onnx_path(gate / "query_encoder"), "router pass + hidden states": graph},
                          prod.tokenizer, ctxs)
-    report: dict[str, Any] = {
+    report = {
         "stated": stated, "n_val": len(val), "n_train": len(train), "heads": heads, "d": D, "k": a.layers,
         "teacher_pairs": sum(len(qq) for _, qq, _ in teacher), "route_groups": len(groups),
         "choose_production": choose,
@@ -656,6 +609,73 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "the two graphs interleaved; heads trained on the augment lines only, one per gate model; "
                     "distillation targets: the slot reader on every span parameter of the production SLB's top 4 "
                     "for each augment line"}
+    return report, (stated, choose, reads, onnx)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from routing_stated_probe import add_reader_args
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_reader_args(ap, "the heads' training lines")
+    ap.add_argument("--models-root", default="var/models", help="the fold models (bench/routing_arg_evidence.py's)")
+    ap.add_argument("--out", default="var/models/late-reader-heads", help="heads, reused unless --retrain")
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=K, help="the head's transformer layers")
+    ap.add_argument("--distill", action="store_true",
+                    help="then distil the slot reader's scores on the SLB's top-4 parameters of the augment lines")
+    ap.add_argument("--distill-epochs", type=int, default=2)
+    ap.add_argument("--route", action="store_true",
+                    help="then train the head on the stage's decisions: the augment lines' leave-one-out SLB top 4 "
+                         "(route_groups, route_tune)")
+    ap.add_argument("--route-epochs", type=int, default=2)
+    ap.add_argument("--retrain", action="store_true")
+    ap.add_argument("--time-limit", type=int, default=200, help="escalations timed")
+    ap.add_argument("--json", default="reports/routing_late_reader.json")
+    ap.add_argument("--routing-json", default="reports/routing_late_reader_routing.json",
+                    help="bench/routing_arg_evidence.py with each fold's head ('' skips it)")
+    ap.add_argument("--routing-args", default="--folds 0,1,2 --draws 3")
+    ap.add_argument("--routing-only", action="store_true",
+                    help="skip the production model's figures: train the heads --routing-json needs and run it")
+    ap.add_argument("--export", default="", metavar="DIR",
+                    help="only train (or reuse) the production head, calibrate the stage with it on the production "
+                         "model's choosing lines and write it as the router's late reader (services/router/"
+                         "late_reader.py) to DIR: NEXUS_ROUTER_LATE_READER_DIR=DIR")
+    a = ap.parse_args(argv)
+
+    prepare_training_env()
+    import torch
+
+    from services.evals.args import tune_split
+    from services.evals.data import load_queries, load_registry
+    from services.evals.routing import write_report
+    from services.evals.routing_models import load_augment
+
+    t0 = time.time()
+    torch.set_num_threads(2)
+    registry = load_registry(a.tools)
+    by_name = {t.name: t for t in registry.tools}
+    queries = load_queries(a.queries)
+    tune, _ = tune_split(queries)
+    augment = load_augment(a.augment)
+    train, val = routing_examples(augment, by_name), routing_examples(tune, by_name)
+    out = Path(a.out)
+    gate = Path(a.gate).resolve()
+    teacher = teacher_for(augment, registry.tools, a.gate, a.slots, out) if a.distill else []
+    groups = route_groups(gate, augment, registry) if a.route else []
+    last = "route-tuned" if groups else "distilled" if teacher else "span"
+    name = f"late reader ({last}, K = {a.layers})"
+    prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                                  distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
+    heads = {"production": rec}
+    if a.export:
+        return export(prod, gate, queries, registry, load_augment(a.calibration), a.export)
+    if a.routing_only:
+        report: dict[str, Any] = {"heads": heads, "d": D, "k": a.layers, "route_groups": len(groups),
+                                  "protocol": "heads only (--routing-only): the routing figures are --routing-json's"}
+        echo: tuple = ()
+    else:
+        report, echo = production_figures(a, gate, prod, rec, earlier, name, queries, registry, train, val, heads,
+                                          teacher, groups)
     if a.routing_json:
         import routing_arg_evidence
 
@@ -673,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         routing_arg_evidence.main([*a.routing_args.split(), "--json", a.routing_json], reader_for=reader_for)
         report["routing"] = a.routing_json
     report["seconds"] = round(time.time() - t0, 1)
-    write_report(a.json, report, plot, echo=(stated, choose, reads, onnx))
+    write_report(a.json, report, None if a.routing_only else plot, echo=echo)
     return 0
 
 
