@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from services.router.onnx_encoder import OnnxQueryEncoder
+
 log = logging.getLogger("nexus.router.late_reader")
 
 FORMAT = "nexus-late-reader-v1"
@@ -196,22 +198,12 @@ def export_states_graph(transformer, tokenizer, path: str | Path) -> Path:
     return path
 
 
-class OnnxStates:
-    """One pass of ``states.onnx``: a request's vector and its token states. ``InferenceSession.run`` is
-    thread-safe, the tokenizer is not: one lock."""
+class OnnxStates(OnnxQueryEncoder):
+    """One pass of ``states.onnx``: a request's vector and its token states (``embed`` still gives the vector
+    alone). ``InferenceSession.run`` is thread-safe, the tokenizer is not: here it has a lock of its own."""
 
     def __init__(self, path: str | Path, tokenizer, max_len: int, threads: int):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = max(0, threads)
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.path = Path(path)
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.tokenizer, self.max_len = tokenizer, max_len
+        super().__init__(path, tokenizer, max_len, threads)
         self._lock = threading.Lock()
 
     def run(self, texts: Sequence[str]) -> tuple[np.ndarray, list[np.ndarray]]:
