@@ -40,8 +40,9 @@ class RouterConfig(TransportSecurity):
     arg_evidence: bool = False
     slots_model_dir: str = "var/models/slots"
     # A late reader for the stage instead of the slot reader (services/router/late_reader.py): a small head over the
-    # router's own query-encoder states, ~11 ms per escalated request instead of ~350 ms, with the stage calibrated for
-    # it in its directory (bench/routing_late_reader.py --export). Empty: the slot reader.
+    # router's own query-encoder states: +7 ms per escalated request at p50 over gRPC instead of ~280 ms (§24 of
+    # reports/routing_experiments.md), with the stage calibrated for it in its directory (`make late-reader`). Empty:
+    # the slot reader.
     late_reader_dir: str = ""
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1

@@ -132,9 +132,9 @@ class Router:
         section = self.gate.info.meta.get("arg_evidence") or {}
         if not self.config.arg_evidence:
             if section.get("feature", "none") != "none" or self.config.late_reader_dir:
-                log.info("gate model %s has a calibrated argument-evidence stage; it is off (NEXUS_ROUTER_ARG_EVIDENCE="
-                         "true turns it on: more accurate, ~230 ms per escalated request with the slot reader, ~11 "
-                         "ms with a late reader)", self.gate.info.path)
+                log.info("an argument-evidence stage is calibrated for gate model %s; it is off "
+                         "(NEXUS_ROUTER_ARG_EVIDENCE=true turns it on: more accurate, ~280 ms per escalated request "
+                         "with the slot reader, ~7 ms with a late reader)", self.gate.info.path)
             return None
         if self.gate.info.alpha > 0:  # the cross-encoder earned the second stage: it keeps it
             return None
