@@ -17,7 +17,7 @@ A late-reader directory (``save``; bench/routing_late_reader.py ``--export`` tra
     late_reader.json  format, the head's shape, its stated threshold and data hash, the gate model it reads
                       (``gate``: its data hash) and ``arg_evidence``: the stage calibrated with this reader under
                       that gate model's SLB (``argevidence.calibrate``'s section, as gate.json holds the slot reader's)
-    head.pt           the head's weights
+    head.safetensors  the head's weights (safetensors: loading them runs no code)
     states.onnx       the gate's query encoder + mean pooling + normalization, its hidden states a second output
 
 The router uses it when ``NEXUS_ROUTER_ARG_EVIDENCE=true`` and ``NEXUS_ROUTER_LATE_READER_DIR`` name it (``load``).
@@ -48,7 +48,7 @@ K = 2
 LAYERS = 7  # the embeddings and MiniLM-L6's 6 layers
 MAX_LEN = 256  # the query encoder's
 HIDDEN = 384
-META_FILE, HEAD_FILE, GRAPH_FILE = "late_reader.json", "head.pt", "states.onnx"
+META_FILE, HEAD_FILE, GRAPH_FILE = "late_reader.json", "head.safetensors", "states.onnx"
 
 
 def build_head(d: int = D, k: int = K, hidden: int = HIDDEN, layers: int = LAYERS):
@@ -326,10 +326,11 @@ def save(out: str | Path, head, transformer, tokenizer, threshold: float, meta: 
     model's query encoder, described by its gate.json ``gate_meta``). ``meta``: the head's record (its
     ``data_hash`` identifies its scores, with the threshold); ``arg_evidence``: the stage's calibration with it."""
     import torch
+    from safetensors.torch import save_file
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    torch.save(head.state_dict(), out / HEAD_FILE)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, str(out / HEAD_FILE))
     export_states_graph(transformer, tokenizer, out / GRAPH_FILE)
     mix = torch.softmax(head.mix.detach(), 0)
     doc = {**meta, "format": FORMAT, "threshold": float(threshold), "gate": gate_key(gate_meta),
@@ -366,13 +367,13 @@ def load(path: str | Path, gate, threads: int = 1) -> LateReader | None:
         single = gate._single
         if single is None:
             raise ValueError("the gate model's query encoder is not Transformer + mean pooling")
-        import torch
+        from safetensors.torch import load_file
         from transformers import AutoTokenizer
 
         shape = doc["shape"]
         head = build_head(d=int(shape["d"]), k=int(shape["k"]), hidden=int(shape["hidden"]),
                           layers=int(shape["layers"]))
-        head.load_state_dict(torch.load(root / HEAD_FILE, weights_only=True))
+        head.load_state_dict(load_file(str(root / HEAD_FILE)))
         tokenizer = AutoTokenizer.from_pretrained(str(Path(gate.info.path) / "query_encoder"))
         enc = OnnxStates(root / GRAPH_FILE, tokenizer, single[2], threads)
         vec, _ = enc.embed_with_states(PROBE)
