@@ -109,6 +109,13 @@ class GateModel:
             tokenizer, _, max_len = self._single
             self.onnx = onnx_encoder.load(root / "query_encoder", tokenizer, max_len, threads, self._torch_single)
 
+    @property
+    def query_stack(self) -> tuple[Any, Any, int] | None:
+        """(tokenizer, transformer, max length) when the query encoder is the plain Transformer + mean pooling
+        (+ normalize) stack a graph of our own reproduces (the ONNX export, the late reader's states graph), else
+        None."""
+        return self._single
+
     @staticmethod
     def exists(path: str | Path) -> bool:
         root = Path(path)

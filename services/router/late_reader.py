@@ -364,7 +364,7 @@ def load(path: str | Path, gate, threads: int = 1) -> LateReader | None:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT!r}")
         if doc.get("gate") != gate_key(gate.info.meta):
             raise ValueError(f"trained for gate model {doc.get('gate')}, not the loaded {gate_key(gate.info.meta)}")
-        single = gate._single
+        single = gate.query_stack
         if single is None:
             raise ValueError("the gate model's query encoder is not Transformer + mean pooling")
         from safetensors.torch import load_file
