@@ -127,7 +127,10 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
     add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3)
     ap.add_argument("--slots", default="var/models/slots", help="the slot reader (nexus train-slots)")
     ap.add_argument("--json", default="reports/routing_arg_evidence.json")
+    ap.add_argument("--alphas", default=",".join(str(x) for x in ALPHAS),
+                    help="the grid alpha is chosen from (the product's: %(default)s)")
     a = ap.parse_args(argv)
+    alphas = [float(x) for x in a.alphas.split(",")]
 
     prepare_training_env()
 
@@ -176,7 +179,7 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
         chosen = {}
         for arm, (distinct, top_k, feats_of_arm) in VARIANTS.items():
             sec = calibrate(decide, fm.choose, by_name.get, reader, fm.meta, top_k=top_k, distinct=distinct,
-                            features=feats_of_arm, read_all=read_all)
+                            features=feats_of_arm, read_all=read_all, alphas=alphas)
             chosen[arm] = sec
             fold["arms"][arm] = {key: sec[key] for key in ("feature", "alpha", "tau", "quantile", "choose_top1_slb",
                                                          "choose_top1", "choose_escalation_rate", "best_if_kept")}
@@ -240,7 +243,7 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
     report = {"folds": [int(x) for x in a.folds.split(",")], "n": sum(v["n"] for v in per_fold.values()),
               "draws": a.draws, "top_k": k, "variants": {arm: {"distinct": d, "top_k": t, "features": list(fs)}
                                                          for arm, (d, t, fs) in VARIANTS.items()},
-              "grids": {"features": list(FEATURES), "alphas": list(ALPHAS),
+              "grids": {"features": list(FEATURES), "alphas": alphas,
                                                        "escalate_quantiles": list(ESCALATE_Q), "clip": CLIP,
                                                        "min_gain": MIN_GAIN},
               "reader": {"path": reader.meta.get("path", a.slots), "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),

@@ -220,13 +220,15 @@ def is_current(meta: dict[str, Any], reader, distinct: bool = DISTINCT) -> bool:
 def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose: Sequence[Any],
               tool_of: Callable[[str], Tool | None], reader, meta: dict[str, Any], top_k: int = TOP_K,
               distinct: bool = DISTINCT, progress: bool = False, features: Sequence[str] = FEATURES,
-              read_all: Callable[[str, list[str]], list[Reading]] | None = None) -> dict[str, Any]:
+              read_all: Callable[[str, list[str]], list[Reading]] | None = None,
+              alphas: Sequence[float] = ALPHAS) -> dict[str, Any]:
     """Choose the feature (of ``features``), alpha and tau on ``choose`` (examples with ``.text`` and
     ``.positives``): ``decide(text, n)`` gives the SLB's top ``n`` (name, score) as the router ranks them over the
     full registry; ``distinct``: the features read only what tells the candidates apart (``drop_shared``);
     ``read_all(text, names)``: every span parameter's reading per tool (default: the reader's, now; a bench passes
     its cache). Returns the ``arg_evidence`` section of gate.json (``feature`` "none" when nothing gains
-    ``MIN_GAIN``), with what the choice gains on lines it was not made on (``crossfit``, ``_crossfit``)."""
+    ``MIN_GAIN``), with what the choice gains on lines it was not made on (``crossfit``, ``_crossfit``). ``alphas``:
+    the grid alpha is chosen from (a bench widening it)."""
     from tqdm import tqdm
 
     if not choose:
@@ -252,7 +254,7 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
     grid, rights = [], []
     for q, thr in thrs.items():
         for feat in features:
-            for alpha in ALPHAS:
+            for alpha in alphas:
                 right = base.copy()
                 for i in esc:
                     if m[i] < thr:

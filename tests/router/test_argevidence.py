@@ -132,6 +132,8 @@ def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it
                        features=ae.REQUIRED_FEATURES)
     assert len(req["grid"]) == len(ae.ESCALATE_Q) * len(ae.REQUIRED_FEATURES) * len(ae.ALPHAS)
     assert req["feature"] in ae.REQUIRED_FEATURES
+    wide = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META, alphas=(0.5, 1.0))
+    assert {g["alpha"] for g in wide["grid"]} == {0.5, 1.0} and wide["alpha"] in (0.5, 1.0)
     # the SLB already right everywhere: nothing to gain, no stage
     right = {t: (r if "namespace" not in t else list(reversed(r))) for t, r in ranks.items()}
     none = ae.calibrate(lambda text, n: right[text][:n], lines, by_name.get, reader, META)
