@@ -33,6 +33,7 @@ the paired difference against ``none``, questions and padded reader tokens per e
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -129,8 +130,12 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
     ap.add_argument("--json", default="reports/routing_arg_evidence.json")
     ap.add_argument("--alphas", default=",".join(str(x) for x in ALPHAS),
                     help="the grid alpha is chosen from (the product's: %(default)s)")
+    ap.add_argument("--dump-escalations", default="", metavar="FILE",
+                    help="write every escalated held-out (line, draw) as JSON lines: its candidates, their SLB scores "
+                         "and features, and both picks per arm (what an error analysis reads)")
     a = ap.parse_args(argv)
     alphas = [float(x) for x in a.alphas.split(",")]
+    dump = open(a.dump_escalations, "w") if a.dump_escalations else None  # closed after the folds
 
     prepare_training_env()
 
@@ -214,6 +219,17 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
                                                                    readings, req_only))
                             esc_right[arm]["none"].append(names[top[0]] in fm.held[r].positives)
                             esc_right[arm]["arm"].append(names[pick[arm]] in fm.held[r].positives)
+                            if dump is not None:
+                                dump.write(json.dumps({
+                                    "fold": f, "size": s, "draw": d, "id": lines[i].id, "tool": lines[i].tool,
+                                    "text": fm.held[r].text, "arm": arm, "feature": sec["feature"],
+                                    "alpha": sec["alpha"], "margin": m, "candidates": [names[j] for j in cand],
+                                    "slb": [float(sc[j]) for j in cand],
+                                    "features": [float(x) for x in feats[sec["feature"]]],
+                                    "readings": [[list(x) for x in rd] for rd in readings],
+                                    "pick_none": names[top[0]], "pick": names[pick[arm]],
+                                    "right_none": names[top[0]] in fm.held[r].positives,
+                                    "right": names[pick[arm]] in fm.held[r].positives}) + "\n")
                     for arm in arms:
                         ok = names[pick[arm]] in fm.held[r].positives
                         row[arm].append(ok)
@@ -234,6 +250,8 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
         per_fold[str(f)] = fold
         secs_all.extend(cache.line_seconds)
 
+    if dump is not None:
+        dump.close()
     pooled, paired = pool_line_draws(hits, "none")
     secs = np.array(secs_all) if secs_all else np.zeros(1)
     escalation = {arm: {s: float(np.mean([per_fold[f]["arms"][arm]["sizes"][s]["escalation_rate"] for f in per_fold]))
