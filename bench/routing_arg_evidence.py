@@ -133,6 +133,9 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
     ap.add_argument("--dump-escalations", default="", metavar="FILE",
                     help="write every escalated held-out (line, draw) as JSON lines: its candidates, their SLB scores "
                          "and features, and both picks per arm (what an error analysis reads)")
+    ap.add_argument("--clip", type=float, default=CLIP,
+                    help="where a required parameter's score saturates in req_min / req_mean (the product's: "
+                         "%(default)s)")
     a = ap.parse_args(argv)
     alphas = [float(x) for x in a.alphas.split(",")]
     dump = open(a.dump_escalations, "w") if a.dump_escalations else None  # closed after the folds
@@ -165,7 +168,8 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
                      ) -> tuple[dict[str, np.ndarray], list]:
             readings = cache.read(text, [names[j] for j in top])
             readings = drop_shared(readings) if distinct else readings
-            return ({f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in FEATURES},
+            return ({f: np.array([candidate_feature(r, f, reader.threshold, a.clip) for r in readings])
+                     for f in FEATURES},
                     readings)
 
         def read_all(text: str, tools: list[str], cache=cache) -> list:
@@ -184,7 +188,7 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
         chosen = {}
         for arm, (distinct, top_k, feats_of_arm) in VARIANTS.items():
             sec = calibrate(decide, fm.choose, by_name.get, reader, fm.meta, top_k=top_k, distinct=distinct,
-                            features=feats_of_arm, read_all=read_all, alphas=alphas)
+                            features=feats_of_arm, read_all=read_all, alphas=alphas, clip=a.clip)
             chosen[arm] = sec
             fold["arms"][arm] = {key: sec[key] for key in ("feature", "alpha", "tau", "quantile", "choose_top1_slb",
                                                          "choose_top1", "choose_escalation_rate", "best_if_kept")}
@@ -262,7 +266,7 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
               "draws": a.draws, "top_k": k, "variants": {arm: {"distinct": d, "top_k": t, "features": list(fs)}
                                                          for arm, (d, t, fs) in VARIANTS.items()},
               "grids": {"features": list(FEATURES), "alphas": alphas,
-                                                       "escalate_quantiles": list(ESCALATE_Q), "clip": CLIP,
+                                                       "escalate_quantiles": list(ESCALATE_Q), "clip": a.clip,
                                                        "min_gain": MIN_GAIN},
               "reader": {"path": reader.meta.get("path", a.slots), "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),
                          "ms_per_uncached_line_all_params_p50": round(1000 * float(np.median(secs)), 1),

@@ -66,11 +66,12 @@ MIN_GAIN = 0.005
 Reading = Sequence[tuple[str, bool, float]]
 
 
-def candidate_feature(reading: Reading, kind: str, threshold: float) -> float:
-    """The argument evidence of one candidate tool (see the module doc)."""
+def candidate_feature(reading: Reading, kind: str, threshold: float, clip: float = CLIP) -> float:
+    """The argument evidence of one candidate tool (see the module doc); ``clip``: where a required parameter's score
+    saturates (the section's ``clip``)."""
     if kind == "stated":
         return float(sum(s >= threshold for _, _, s in reading))
-    req = [max(-CLIP, min(CLIP, s)) / CLIP for _, r, s in reading if r]
+    req = [max(-clip, min(clip, s)) / clip for _, r, s in reading if r]
     if kind not in ("req_min", "req_mean"):
         raise ValueError(f"unknown argument-evidence feature {kind!r} (expected one of {FEATURES})")
     if not req:
@@ -166,11 +167,13 @@ class ArgEvidence:
     tau: float
     top_k: int = TOP_K
     distinct: bool = False  # only the parameters that not every candidate has are read (``drop_shared``)
+    clip: float = CLIP  # where a required parameter's score saturates (``candidate_feature``)
 
     def features(self, text: str, tools: Sequence[Tool | None], states: Any = None) -> np.ndarray:
         readings = read(self.reader, text, tools, required_only=self.feature != "stated", distinct=self.distinct,
                         states=states)
-        return np.array([candidate_feature(r, self.feature, self.reader.threshold) for r in readings], np.float64)
+        return np.array([candidate_feature(r, self.feature, self.reader.threshold, self.clip) for r in readings],
+                        np.float64)
 
     def rescore(self, text: str, slb: Sequence[tuple[str, float]],
                 tool_of: Callable[[str], Tool | None], states: Any = None) -> list[tuple[str, float]]:
@@ -200,13 +203,15 @@ def from_gate(meta: dict[str, Any], reader) -> ArgEvidence | None:
         return None
     try:
         alpha, tau, top_k = float(doc["alpha"]), float(doc["tau"]), int(doc.get("top_k", TOP_K))
+        clip = float(doc.get("clip", CLIP))  # sections written before it was recorded used CLIP
     except (KeyError, TypeError, ValueError):
-        alpha, tau, top_k = float("nan"), float("nan"), 0
-    if doc["feature"] not in FEATURES or not (np.isfinite(alpha) and np.isfinite(tau)) or alpha <= 0 or top_k < 2:
+        alpha, tau, top_k, clip = float("nan"), float("nan"), 0, float("nan")
+    if (doc["feature"] not in FEATURES or not (np.isfinite(alpha) and np.isfinite(tau) and np.isfinite(clip))
+            or alpha <= 0 or top_k < 2 or clip <= 0):
         log.error("gate.json arg_evidence unusable (%s): no escalation",
-                  {k: doc.get(k) for k in ("feature", "alpha", "tau", "top_k")})
+                  {k: doc.get(k) for k in ("feature", "alpha", "tau", "top_k", "clip")})
         return None
-    return ArgEvidence(reader, doc["feature"], alpha, tau, top_k, bool(doc.get("distinct")))
+    return ArgEvidence(reader, doc["feature"], alpha, tau, top_k, bool(doc.get("distinct")), clip)
 
 
 def is_current(meta: dict[str, Any], reader, distinct: bool = DISTINCT) -> bool:
@@ -221,14 +226,14 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
               tool_of: Callable[[str], Tool | None], reader, meta: dict[str, Any], top_k: int = TOP_K,
               distinct: bool = DISTINCT, progress: bool = False, features: Sequence[str] = FEATURES,
               read_all: Callable[[str, list[str]], list[Reading]] | None = None,
-              alphas: Sequence[float] = ALPHAS) -> dict[str, Any]:
+              alphas: Sequence[float] = ALPHAS, clip: float = CLIP) -> dict[str, Any]:
     """Choose the feature (of ``features``), alpha and tau on ``choose`` (examples with ``.text`` and
     ``.positives``): ``decide(text, n)`` gives the SLB's top ``n`` (name, score) as the router ranks them over the
     full registry; ``distinct``: the features read only what tells the candidates apart (``drop_shared``);
     ``read_all(text, names)``: every span parameter's reading per tool (default: the reader's, now; a bench passes
     its cache). Returns the ``arg_evidence`` section of gate.json (``feature`` "none" when nothing gains
     ``MIN_GAIN``), with what the choice gains on lines it was not made on (``crossfit``, ``_crossfit``). ``alphas``:
-    the grid alpha is chosen from (a bench widening it)."""
+    the grid alpha is chosen from (a bench widening it); ``clip``: ``candidate_feature``'s, recorded."""
     from tqdm import tqdm
 
     if not choose:
@@ -249,7 +254,8 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
         else:
             readings = read_all(choose[i].text, [n for n, _ in cands])
             readings = drop_shared(readings) if distinct else readings
-        feats[i] = {f: np.array([candidate_feature(r, f, reader.threshold) for r in readings]) for f in features}
+        feats[i] = {f: np.array([candidate_feature(r, f, reader.threshold, clip) for r in readings])
+                    for f in features}
     none = float(base.mean())
     grid, rights = [], []
     for q, thr in thrs.items():
@@ -268,7 +274,7 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
     chosen = best if keep else {"top1": none, **NO_STAGE}
     return {"version": ARG_EVIDENCE_VERSION, "reader": reader_key(reader), "slb": slb_key(meta),
             "feature": chosen["feature"], "alpha": chosen["alpha"], "tau": chosen["tau"], "quantile": chosen["q"],
-            "top_k": top_k, "distinct": distinct, "min_gain": MIN_GAIN, "n_choose": len(choose),
+            "top_k": top_k, "distinct": distinct, "clip": clip, "min_gain": MIN_GAIN, "n_choose": len(choose),
             "choose_top1_slb": none, "choose_top1": chosen["top1"],
             "best_if_kept": {k: best[k] for k in ("feature", "alpha", "tau", "q", "top1")},
             "choose_escalation_rate": float(np.mean(m < chosen["tau"])) if keep else 0.0,

@@ -38,6 +38,10 @@ def test_candidate_features_read_the_required_parameters_and_count_the_stated_on
     # no required span parameter: no evidence either way; no parameter at all: nothing stated
     assert ae.candidate_feature([("page", False, 9.0)], "req_min", 0.5) == 0.0
     assert ae.candidate_feature([], "stated", 0.5) == 0.0
+    # a lower clip saturates sooner: two clearly stated parameters weigh as much as one, 4.0 and 18.0 alike
+    assert ae.candidate_feature(reading, "req_mean", 0.5, clip=2.0) == pytest.approx((1.0 + 1.0 - 1.0) / 3)
+    assert ae.candidate_feature(reading[:2], "req_mean", 0.5, clip=2.0) == ae.candidate_feature(
+        reading[:1], "req_mean", 0.5, clip=2.0) == 1.0
     with pytest.raises(ValueError, match="unknown argument-evidence feature"):
         ae.candidate_feature(reading, "nope", 0.5)
 
@@ -132,8 +136,11 @@ def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it
                        features=ae.REQUIRED_FEATURES)
     assert len(req["grid"]) == len(ae.ESCALATE_Q) * len(ae.REQUIRED_FEATURES) * len(ae.ALPHAS)
     assert req["feature"] in ae.REQUIRED_FEATURES
-    wide = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META, alphas=(0.5, 1.0))
+    wide = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META, alphas=(0.5, 1.0),
+                        clip=2.0)
     assert {g["alpha"] for g in wide["grid"]} == {0.5, 1.0} and wide["alpha"] in (0.5, 1.0)
+    assert doc["clip"] == ae.CLIP and wide["clip"] == 2.0
+    assert ae.from_gate({**META, "arg_evidence": wide}, reader).clip == 2.0  # the router reads as it was chosen
     # the SLB already right everywhere: nothing to gain, no stage
     right = {t: (r if "namespace" not in t else list(reversed(r))) for t, r in ranks.items()}
     none = ae.calibrate(lambda text, n: right[text][:n], lines, by_name.get, reader, META)
@@ -191,6 +198,8 @@ def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, capl
                "feature": "req_min", "alpha": 0.05, "tau": 0.1, "top_k": 3, "distinct": True}
     got = ae.from_gate({**META, "arg_evidence": section}, reader)
     assert (got.feature, got.alpha, got.tau, got.top_k, got.distinct) == ("req_min", 0.05, 0.1, 3, True)
+    assert got.clip == ae.CLIP  # a section written before the clip was recorded reads with the old constant
+    assert ae.from_gate({**META, "arg_evidence": {**section, "clip": 2.0}}, reader).clip == 2.0
     assert ae.is_current({**META, "arg_evidence": section}, reader)
     # a choice made reading every parameter is not the product's: calibrated again
     assert not ae.is_current({**META, "arg_evidence": {**section, "distinct": False}}, reader)
@@ -208,6 +217,8 @@ def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, capl
     no_alpha = {k: v for k, v in section.items() if k != "alpha"}
     assert ae.from_gate({**META, "arg_evidence": no_alpha}, reader) is None  # logged, the router still routes
     assert ae.from_gate({**META, "arg_evidence": {**section, "top_k": 1}}, reader) is None
+    assert ae.from_gate({**META, "arg_evidence": {**section, "clip": 0}}, reader) is None
+    assert ae.from_gate({**META, "arg_evidence": {**section, "clip": "wide"}}, reader) is None
 
 
 def test_write_replaces_only_the_section(tmp_path):
