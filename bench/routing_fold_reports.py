@@ -70,8 +70,9 @@ def pool(grid: dict[str, Any], arm: str, size: str, folds: Sequence[str]) -> dic
     return {**row, "gain": row["top1"] - row["none"], "n": n}
 
 
-def summarize(grids: dict[str, dict[str, Any]], size: str = "250") -> dict[str, Any]:
-    """Per grid and arm the pooled figures at every size, and the leave-one-fold-out choice at ``size``."""
+def summarize(grids: dict[str, dict[str, Any]], size: str = "250", only: Sequence[str] = ()) -> dict[str, Any]:
+    """Per grid and arm the pooled figures at every size, and the leave-one-fold-out choice at ``size`` (among the
+    arms ``only`` names, or all: each option more is one more chance to fit the folds' noise)."""
     folds = sorted(set.intersection(*[set(g["folds"]) for g in grids.values()]))
     if not folds:
         raise ValueError("the grids share no fold")
@@ -89,7 +90,10 @@ def summarize(grids: dict[str, dict[str, Any]], size: str = "250") -> dict[str, 
                 row[s] = {**pool(g, arm, s, folds), "fixed": fb[0], "broken": fb[1],
                           "sign_test_p": round(sign_test(*fb), 4)}
             table[name][arm] = row
-    options = [(name, arm) for name in grids for arm in arms]
+    unknown = sorted(set(only) - set(arms))
+    if unknown:
+        raise ValueError(f"no arm {unknown[0]!r} in every grid (arms: {', '.join(arms)})")
+    options = [(name, arm) for name in grids for arm in (only or arms)]
     lofo = {}
     for f in folds:
         rest = [x for x in folds if x != f]
@@ -99,7 +103,7 @@ def summarize(grids: dict[str, dict[str, Any]], size: str = "250") -> dict[str, 
     n = sum(grids[next(iter(grids))]["folds"][f]["n"] for f in folds)
     lofo_gain = sum(grids[next(iter(grids))]["folds"][f]["n"] * (v["top1"] - v["none"]) for f, v in lofo.items()) / n
     return {"folds": folds, "arms": arms, "size": size, "table": table,
-            "leave_one_fold_out": {"per_fold": lofo, "gain": lofo_gain}}
+            "leave_one_fold_out": {"options": [list(o) for o in options], "per_fold": lofo, "gain": lofo_gain}}
 
 
 def plot(report: dict[str, Any], path: str) -> None:
@@ -146,6 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--grid", action="append", required=True, metavar="NAME=REPORT[,REPORT...]",
                     help="a grid's fold reports (bench/routing_arg_evidence.py --json); repeat per grid")
     ap.add_argument("--size", default="250", help="the size the leave-one-fold-out choice ranks by")
+    ap.add_argument("--arms", default="", help="comma-separated: the arms the leave-one-fold-out choice may pick "
+                                               "(default: all)")
     ap.add_argument("--title", default="The argument-evidence stage")
     ap.add_argument("--json", default="reports/routing_fold_reports.json")
     a = ap.parse_args(argv)
@@ -158,7 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if missing:
             ap.error(f"--grid {name}: no report at {', '.join(missing)}")
         grids[name] = load_grid(paths.split(","))
-    summary = summarize(grids, a.size)
+    try:
+        summary = summarize(grids, a.size, [x for x in a.arms.split(",") if x])
+    except ValueError as e:
+        ap.error(str(e))
     report = {"title": a.title, "grids": {name: sorted({v["report"] for v in g["folds"].values()})
                                           for name, g in grids.items()}, "summary": summary}
     echo = {f"{g} | {arm}": {s: f"{100 * r[s]['none']:.2f} -> {100 * r[s]['top1']:.2f} ({r[s]['fixed']}/"

@@ -63,12 +63,14 @@ def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperPa
 
 def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
                            calibration: Sequence[QueryLine], slots: str, progress: bool = False,
-                           force: bool = False, reader: Any = None, write: bool = True) -> dict[str, Any]:
+                           force: bool = False, reader: Any = None, write: bool = True,
+                           clip: float | None = None) -> dict[str, Any]:
     """Choose the gate model's argument-evidence stage (``services.router.argevidence.calibrate``) for the slot
     reader at ``slots`` (or ``reader``, any object with the slot reader's interface) on the model's validation lines
     (ids in gate.json, drawn from its training ``lines``) + ``calibration``, ranked by a real router over the whole
     ``registry``; stored in gate.json unless not ``write`` (a bench asking what a reader would gain). Kept as it is
-    when gate.json already holds a choice for this reader and SLB calibration, unless ``force``."""
+    when gate.json already holds a choice for this reader and SLB calibration, unless ``force``. ``clip``: the
+    features' (``argevidence.candidate_feature``; None: ``argevidence.CLIP``)."""
     import tempfile
 
     from services.common.embedder import Embedder
@@ -102,7 +104,8 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
         def decide(text: str, n: int) -> list[tuple[str, float]]:
             return router.decide(text, n).slb_candidates[:n]
 
-        section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress)
+        section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress,
+                                        clip=argevidence.CLIP if clip is None else clip)
     if not write:
         return section
     argevidence.write(gate_dir, section)

@@ -57,6 +57,11 @@ def test_folds_pool_by_lines_and_the_leave_one_fold_out_choice_uses_the_other_fo
     # fold 2 judged by folds 0 + 1: a/x gains, b/x does not; a/x loses on fold 2
     assert (lofo["2"]["grid"], lofo["2"]["arm"], lofo["2"]["top1"]) == ("a", "x", pytest.approx(0.69))
     assert s["leave_one_fold_out"]["gain"] == pytest.approx(-1 / 500)  # choosing on other folds can lose
+    # the choice among arm y only: nothing gains anywhere, so every fold keeps the first grid's y, at no gain
+    only_y = fr.summarize(grids, "250", ["y"])["leave_one_fold_out"]
+    assert only_y["options"] == [["a", "y"], ["b", "y"]] and only_y["gain"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="no arm 'z'"):
+        fr.summarize(grids, "250", ["z"])
     # one fold in two reports of a grid is refused
     with pytest.raises(ValueError, match="fold 2"):
         fr.load_grid([a2, a2])
