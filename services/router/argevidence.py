@@ -12,8 +12,10 @@ escalated request the router reads the parameters of its SLB's top ``top_k`` can
 
 with ``feature`` one of
 
-* ``req_min``: the weakest of the candidate's required span parameters' scores, clipped to +-``CLIP`` and scaled to
-  +-1 (0 when it requires none): a tool whose required argument the request does not state loses;
+* ``req_min``: the weakest of the candidate's required span parameters' scores, clipped to +-``clip`` and scaled to
+  +-1 (0 when it requires none): a tool whose required argument the request does not state loses. ``clip`` is the
+  section's: ``CLIP`` (10) for the slot reader, 2 for the late reader, whose scores past a couple of logits are
+  confidence, not more evidence (reports/routing_experiments.md §26);
 * ``req_mean``: their mean;
 * ``stated``: how many of its span parameters (required or not) the reader finds stated (score above its threshold).
 
