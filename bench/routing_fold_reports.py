@@ -77,6 +77,9 @@ def summarize(grids: dict[str, dict[str, Any]], size: str = "250", only: Sequenc
     if not folds:
         raise ValueError("the grids share no fold")
     arms = sorted(set.intersection(*[set(g["folds"][folds[0]]["arms"]) for g in grids.values()]))
+    unknown = sorted(set(only) - set(arms))
+    if unknown:
+        raise ValueError(f"no arm {unknown[0]!r} in every grid (arms: {', '.join(arms)})")
     table: dict[str, dict[str, Any]] = {}
     for name, g in grids.items():
         table[name] = {}
@@ -90,9 +93,6 @@ def summarize(grids: dict[str, dict[str, Any]], size: str = "250", only: Sequenc
                 row[s] = {**pool(g, arm, s, folds), "fixed": fb[0], "broken": fb[1],
                           "sign_test_p": round(sign_test(*fb), 4)}
             table[name][arm] = row
-    unknown = sorted(set(only) - set(arms))
-    if unknown:
-        raise ValueError(f"no arm {unknown[0]!r} in every grid (arms: {', '.join(arms)})")
     options = [(name, arm) for name in grids for arm in (only or arms)]
     lofo = {}
     for f in folds:
@@ -100,14 +100,14 @@ def summarize(grids: dict[str, dict[str, Any]], size: str = "250", only: Sequenc
         best = max(options, key=lambda o: pool(grids[o[0]], o[1], size, rest)["gain"]) if rest else options[0]
         got = grids[best[0]]["folds"][f]["arms"][best[1]][size]
         lofo[f] = {"grid": best[0], "arm": best[1], "none": got["none"], "top1": got["top1"]}
-    n = sum(grids[next(iter(grids))]["folds"][f]["n"] for f in folds)
-    lofo_gain = sum(grids[next(iter(grids))]["folds"][f]["n"] * (v["top1"] - v["none"]) for f, v in lofo.items()) / n
+    lines = {f: grids[options[0][0]]["folds"][f]["n"] for f in folds}  # the same held-out lines in every grid
+    lofo_gain = sum(lines[f] * (v["top1"] - v["none"]) for f, v in lofo.items()) / sum(lines.values())
     return {"folds": folds, "arms": arms, "size": size, "table": table,
             "leave_one_fold_out": {"options": [list(o) for o in options], "per_fold": lofo, "gain": lofo_gain}}
 
 
 def plot(report: dict[str, Any], path: str) -> None:
-    """Each (grid, arm)'s gain over the SLB alone per fold, at N = 10 and N = 250, the pool as a line."""
+    """Each (grid, arm)'s gain over the SLB alone per fold, at N = 10 and N = 250, the pool as a diamond."""
     import matplotlib
 
     matplotlib.use("Agg")
