@@ -11,8 +11,9 @@ server-measured ``route_ms`` and the escalation rate per arm, the ratio of their
 latency distributions. Arms (``--arms``): ``model`` (the gate model as the router loads it by default: exemplar keys
 at its validation-chosen weight), ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
 over 338 rows instead of ~5,000), ``staged`` (the model with its argument-evidence stage on,
-``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader) and ``late`` (the stage on with the late reader
-at ``--late-reader``, services/router/late_reader.py, and the calibration it carries). Latency only: the production gate model trained on
+``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader), ``late`` (the stage on with the late reader
+at ``--late-reader``, services/router/late_reader.py, and the calibration it carries) and ``int8`` (the model with its
+INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``; its held-out cost: bench/routing_int8.py). Latency only: the production gate model trained on
 train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
 gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
@@ -32,7 +33,8 @@ from pathlib import Path
 
 # arm -> extra router environment
 ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},
-        "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"}}  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
+        "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
+        "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}}
 
 
 def free_port() -> int:
@@ -78,10 +80,13 @@ def wait_serving(ch, proc, log_path: Path, timeout_s: float = 300) -> None:
         time.sleep(0.3)
 
 
-def summarize(rtt: list[float], server_ms: list[float], esc: list[bool], log_text: str) -> dict:
-    # the router logs (WARNING and up) when a single request falls back to torch
+def summarize(rtt: list[float], server_ms: list[float], esc: list[bool], log_text: str, env: dict[str, str]) -> dict:
+    # the router logs (WARNING and up) when a single request falls back to torch, or from int8 to fp32
     backend = "torch" if "embedded with torch" in log_text or "onnxruntime is not installed" in log_text \
         else "onnxruntime"
+    if backend == "onnxruntime" and env.get("NEXUS_ROUTER_QUERY_ENCODER_PRECISION") == "int8" \
+            and "no INT8 query encoder" not in log_text:
+        backend = "onnxruntime-int8"
     return {
         "query_encoder_backend": backend, "n_requests": len(rtt),
         "exemplar_keys_loaded": "exemplar keys loaded" in log_text,
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     rep = {
         "registry_size": next(iter(n_tools.values())), "gate_model": str(args.gate), "torch_threads": args.threads,
         "n_lines": len(lines), "repeats": args.repeats, "interleaved": "request by request, arm order alternating",
-        "arms": {a: summarize(rtt[a], server_ms[a], esc[a], log_text[a]) for a in arms},
+        "arms": {a: summarize(rtt[a], server_ms[a], esc[a], log_text[a], ARMS[a]) for a in arms},
         "arm_env": {a: ARMS[a] | ({"NEXUS_ROUTER_LATE_READER_DIR": args.late_reader} if a == "late" else {})
                     for a in arms},
         "load_avg_1m_at_end": os.getloadavg()[0],

@@ -209,12 +209,13 @@ def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed:
 
 
 def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0,
-                 slots: str = ""):
+                 slots: str = "", precision: str = "fp32"):
     from services.router.config import RouterConfig
     from services.router.router import Router
 
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir or ""), torch_threads=threads,
-                       exemplar_weight=exemplar_weight, arg_evidence=bool(slots), slots_model_dir=slots)
+                       exemplar_weight=exemplar_weight, arg_evidence=bool(slots), slots_model_dir=slots,
+                       query_encoder_precision=precision)
     router = Router(cfg, store, embedder)
     asyncio.run(router.sync(force=True))
     return router

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import MiB, TransportSecurity
+from services.common.config import ConfigError, MiB, TransportSecurity
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,10 @@ class RouterConfig(TransportSecurity):
     late_reader_dir: str = ""
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
+    # The query encoder's single-request graph: "fp32" (the torch vectors) or "int8" (its dynamic quantization,
+    # written beside it by training: Route ~1.7x faster in process, held-out top-1 at N = 250 -0.6 points;
+    # reports/routing_experiments.md §27). A late reader embeds with its own fp32 graph either way.
+    query_encoder_precision: str = "fp32"
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the
     # gate model chose on its validation + calibration lines (slb.exemplar_weight in gate.json, pooled at its
     # slb.exemplar_temperature), 0 = text keys only.
@@ -58,3 +62,7 @@ class RouterConfig(TransportSecurity):
     compiler_tls_key: str = ""
     compiler_auth_token: str = ""
     compiler_auth_token_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.query_encoder_precision not in ("fp32", "int8"):
+            raise ConfigError(f"query_encoder_precision must be fp32 or int8, got {self.query_encoder_precision!r}")

@@ -79,7 +79,7 @@ class GateModel:
     """A loaded gate model. ``embed_query`` and ``ce_scores`` are thread-safe (one lock: the tokenizers are not,
     and the two cores are better spent on one forward pass at a time)."""
 
-    def __init__(self, path: str | Path, threads: int = 2):
+    def __init__(self, path: str | Path, threads: int = 2, precision: str = "fp32"):
         from sentence_transformers import CrossEncoder, SentenceTransformer
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -107,7 +107,8 @@ class GateModel:
         self.onnx: onnx_encoder.OnnxQueryEncoder | None = None
         if self._single is not None:
             tokenizer, _, max_len = self._single
-            self.onnx = onnx_encoder.load(root / "query_encoder", tokenizer, max_len, threads, self._torch_single)
+            self.onnx = onnx_encoder.load(root / "query_encoder", tokenizer, max_len, threads, self._torch_single,
+                                          precision)
 
     @property
     def query_stack(self) -> tuple[Any, Any, int] | None:
@@ -218,8 +219,9 @@ def _single_query_path(model) -> tuple[Any, Any, int] | None:
 
 
 def export_query_onnx(encoder_dir: str | Path, model=None) -> Path | None:
-    """Export a saved query encoder for ``embed_query`` on onnxruntime (training's hook, run on fresh and cached
-    models). None, logged, when it cannot be: the router then embeds with torch, which is only slower."""
+    """Export a saved query encoder for ``embed_query`` on onnxruntime, and its INT8 quantization beside it
+    (training's hook, run on fresh and cached models). None, logged, when it cannot be: the router then embeds with
+    torch, which is only slower; a failed quantization is logged and leaves the fp32 export."""
     if model is None:
         from sentence_transformers import SentenceTransformer
 
@@ -230,9 +232,22 @@ def export_query_onnx(encoder_dir: str | Path, model=None) -> Path | None:
         return None
     tokenizer, transformer, _ = single
     try:
-        return onnx_encoder.export(transformer, tokenizer, encoder_dir)
+        out = onnx_encoder.export(transformer, tokenizer, encoder_dir)
     except (ImportError, RuntimeError, OSError) as e:  # onnx missing: torch.onnx raises a RuntimeError
         log.warning("query encoder %s not exported to ONNX (%s): the router embeds with torch", encoder_dir, e)
+        return None
+    quantize_query_onnx(encoder_dir)
+    return out
+
+
+def quantize_query_onnx(encoder_dir: str | Path) -> Path | None:
+    """The INT8 graph of an exported query encoder (``onnx_encoder.quantize``), or None, logged: a router asked for
+    int8 then embeds at fp32."""
+    try:
+        return onnx_encoder.quantize(encoder_dir)
+    except Exception as e:  # onnxruntime's quantizer raises its own and onnx's exception types
+        log.warning("query encoder %s not quantized to INT8 (%s): query_encoder_precision=int8 embeds at fp32",
+                    encoder_dir, e)
         return None
 
 
@@ -241,7 +256,7 @@ def fuse(slb_scores: np.ndarray, ce_logits: np.ndarray, alpha: float) -> np.ndar
     return np.asarray(slb_scores, np.float32) + np.float32(alpha) * np.asarray(ce_logits, np.float32)
 
 
-def load_gate(path: str, threads: int = 2) -> GateModel | None:
+def load_gate(path: str, threads: int = 2, precision: str = "fp32") -> GateModel | None:
     """The gate model at ``path``, or None (logged) when there is none or it cannot be read."""
     if not path:
         log.warning("no gate model configured: routing is SLB-only (escalation disabled)")
@@ -251,7 +266,7 @@ def load_gate(path: str, threads: int = 2) -> GateModel | None:
                     "train one with `nexus train-gate`", path)
         return None
     try:
-        return GateModel(path, threads=threads)
+        return GateModel(path, threads=threads, precision=precision)
     except (OSError, ValueError, KeyError) as e:
         log.error("gate model at %s unreadable (%s): routing is SLB-only (escalation disabled)", path, e)
         return None

@@ -1,9 +1,10 @@
-"""The query encoder's single-request path on onnxruntime: the same vector as the torch forward pass (fp32,
-no quantization: an INT8 encoder moved vectors to cosine 0.93-0.96), in about half the time
-(bench/embed_latency.py).
+"""The query encoder's single-request path on onnxruntime: the same vector as the torch forward pass (fp32), in
+about half the time (bench/embed_latency.py); or, opted into, its INT8 quantization: ~1.7x faster again for about
+0.6 points of held-out top-1 at N = 250 (bench/routing_int8.py, reports/routing_experiments.md §27).
 
 Layout: ``query_encoder/onnx/sentence_embedding.onnx`` beside the sentence-transformers files, written by
-training (``export``). The graph is transformer + masked mean pooling + L2 normalization, so its output is
+training (``export``), and ``sentence_embedding.int8.onnx`` beside it (``quantize``: dynamic, per-channel signed
+int8 weights of every MatMul). The graph is transformer + masked mean pooling + L2 normalization, so its output is
 the vector the router scores with. Inputs are int64 ``(batch, seq)``, both axes dynamic.
 """
 
@@ -21,16 +22,48 @@ import numpy as np
 log = logging.getLogger("nexus.router")
 
 ONNX_FILE = Path("onnx") / "sentence_embedding.onnx"
+INT8_FILE = Path("onnx") / "sentence_embedding.int8.onnx"
+PRECISIONS = ("fp32", "int8")
 OPSET = 17
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 # At load the ONNX encoder must give the torch vector of this request (a stale or foreign export would
 # otherwise move every route silently): long enough for attention to matter, with non-ASCII text.
 PROBE = "convert 3pm New York time to Tokyo time\n[context] user: réunion à 15 h, 東京 👋"
 MIN_COSINE = 0.9999
+# The INT8 graph moves vectors (probe cosine ~0.99 on the gate models, 0.97 at worst over their exemplars); a
+# stale or foreign file lands far lower.
+MIN_COSINE_INT8 = 0.95
 
 
-def onnx_path(encoder_dir: str | Path) -> Path:
-    return Path(encoder_dir) / ONNX_FILE
+def onnx_path(encoder_dir: str | Path, precision: str = "fp32") -> Path:
+    if precision not in PRECISIONS:
+        raise ValueError(f"query encoder precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return Path(encoder_dir) / (ONNX_FILE if precision == "fp32" else INT8_FILE)
+
+
+def quantize(encoder_dir: str | Path) -> Path:
+    """Write the INT8 graph of ``encoder_dir``'s fp32 export atomically: onnxruntime's pre-processing (graph
+    optimization, shape inference), then dynamic quantization with per-channel signed int8 weights (per-tensor
+    unsigned weights lost ~0.5 points more; reports/routing_experiments.md §27). Deterministic for a given export."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    src = onnx_path(encoder_dir)
+    if not src.is_file():
+        raise FileNotFoundError(f"no fp32 ONNX export at {src} to quantize")
+    out = onnx_path(encoder_dir, "int8")
+    pre = out.with_name(f".{out.name}.{os.getpid()}.pre.tmp")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        # symbolic shape inference does not complete on the exported attention-mask graph; onnx's does
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        quantize_dynamic(str(pre), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+        os.replace(tmp, out)
+    finally:
+        pre.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    log.info("query encoder quantized to %s", out)
+    return out
 
 
 def export(transformer, tokenizer, encoder_dir: str | Path) -> Path:
@@ -91,6 +124,7 @@ class OnnxQueryEncoder:
         self.path = Path(path)
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
+        self.precision = "int8" if self.path.name == INT8_FILE.name else "fp32"
         self.tokenizer = tokenizer
         self.max_len = max_len
 
@@ -101,10 +135,16 @@ class OnnxQueryEncoder:
 
 
 def load(encoder_dir: str | Path, tokenizer, max_len: int, threads: int,
-         reference: Callable[[str], np.ndarray]) -> OnnxQueryEncoder | None:
-    """The ONNX encoder of ``encoder_dir`` when it reproduces ``reference`` (the torch path) on ``PROBE``,
-    else None with the reason logged (the caller embeds with torch)."""
-    path = onnx_path(encoder_dir)
+         reference: Callable[[str], np.ndarray], precision: str = "fp32") -> OnnxQueryEncoder | None:
+    """The ONNX encoder of ``encoder_dir`` at ``precision`` when it reproduces ``reference`` (the torch path) on
+    ``PROBE`` (cosine >= MIN_COSINE, or MIN_COSINE_INT8 for the INT8 graph), else None with the reason logged (the
+    caller embeds with torch). An INT8 graph that is missing falls back to the fp32 one, logged."""
+    path = onnx_path(encoder_dir, precision)
+    if precision == "int8" and not path.is_file():
+        log.error("no INT8 query encoder at %s: embedding at fp32 instead; `nexus train-gate` (or `make models`) "
+                  "writes it", path)
+        return load(encoder_dir, tokenizer, max_len, threads, reference)
+    min_cosine = MIN_COSINE if precision == "fp32" else MIN_COSINE_INT8
     if not path.is_file():
         log.warning("no ONNX query encoder at %s: single requests are embedded with torch (slower); "
                     "`nexus train-gate` exports it", path)
@@ -118,9 +158,9 @@ def load(encoder_dir: str | Path, tokenizer, max_len: int, threads: int,
     except Exception as e:  # onnxruntime raises its own exception types for a corrupt or foreign file
         log.error("ONNX query encoder %s unusable (%s): single requests are embedded with torch", path, e)
         return None
-    if not cos >= MIN_COSINE:  # NaN fails too
-        log.error("ONNX query encoder %s disagrees with the torch weights (probe cosine %.5f): single requests are "
-                  "embedded with torch; delete it and run `nexus train-gate` to re-export", path, cos)
+    if not cos >= min_cosine:  # NaN fails too
+        log.error("ONNX query encoder %s disagrees with the torch weights (probe cosine %.5f < %g): single requests "
+                  "are embedded with torch; delete it and run `nexus train-gate` to re-export", path, cos, min_cosine)
         return None
-    log.info("query encoder: onnxruntime (%s)", path)
+    log.info("query encoder: onnxruntime %s (%s, probe cosine %.5f)", precision, path, cos)
     return enc

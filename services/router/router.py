@@ -77,7 +77,8 @@ class Router:
         self.store = store
         self.embedder = embedder
         set_threads(config.torch_threads)
-        self.gate: GateModel | None = load_gate(config.gate_model_dir, threads=config.torch_threads)
+        self.gate: GateModel | None = load_gate(config.gate_model_dir, threads=config.torch_threads,
+                                                precision=config.query_encoder_precision)
         if self.gate is not None and self.gate.info.meta.get("base_embedder_fingerprint") != embedder.fingerprint:
             # the query encoder was trained against another embedder's tool keys: its vectors would not match
             log.error("gate model %s was trained for another embedder; routing is SLB-only (escalation disabled)",
@@ -171,6 +172,9 @@ class Router:
             ae.reader.score(["warm up"], "warm up")
             log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
                                                         "top_k": ae.top_k, "reader": path})
+            if self.config.query_encoder_precision != "fp32":
+                log.warning("query_encoder_precision=%s is not used with a late reader: requests are embedded by "
+                            "the reader's fp32 graph", self.config.query_encoder_precision)
         return ae
 
     def _exemplar_weight(self) -> float:

@@ -50,6 +50,7 @@ from services.router.gate import (
     exemplar_groups,
     export_query_onnx,
     fuse,
+    quantize_query_onnx,
     set_threads,
 )
 from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
@@ -738,6 +739,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
                 doc = _calibrate_existing(out, doc, examples, tools, hp, extra_examples, calib_examples)
             if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
                 export_query_onnx(out / "query_encoder")
+            elif not onnx_path(out / "query_encoder", "int8").is_file():  # ... or before its INT8 graph
+                quantize_query_onnx(out / "query_encoder")
             return doc
     t0 = time.time()
     fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)

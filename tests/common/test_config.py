@@ -49,3 +49,11 @@ def test_config_is_frozen():
     cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={})
     with pytest.raises(AttributeError):
         cfg.port = 1  # type: ignore[misc]
+
+
+def test_router_query_encoder_precision_is_checked():
+    cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"})
+    assert cfg.query_encoder_precision == "int8"
+    assert load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={}).query_encoder_precision == "fp32"
+    with pytest.raises(ConfigError, match="query_encoder_precision must be fp32 or int8, got 'fp16'"):
+        load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp16"})

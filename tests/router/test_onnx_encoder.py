@@ -1,6 +1,8 @@
 """The router's single-request query encoder on onnxruntime: the torch vector (cosine >= 0.9999) for a real
 export of the base all-MiniLM-L6-v2 encoder, thread-safe, and the torch path (logged) whenever the export is
-missing, unreadable, stale, or onnxruntime is absent; training's hook exports into a cached model."""
+missing, unreadable, stale, or onnxruntime is absent; training's hook exports into a cached model. Its INT8
+graph (opted into with precision="int8"): written beside the export, close to the torch vector but not it, the
+fp32 graph (logged) when it is missing, torch when it is foreign."""
 
 import json
 import logging
@@ -14,7 +16,7 @@ import pytest
 from services.common.models import default_embedder_path
 from services.router import training
 from services.router.gate import GATE_FORMAT, GateModel, export_query_onnx
-from services.router.onnx_encoder import onnx_path
+from services.router.onnx_encoder import MIN_COSINE_INT8, onnx_path
 
 LONG = " ".join(["schedule a meeting with the design team tomorrow at 3pm in the big room"] * 30)
 REQUESTS = [
@@ -76,9 +78,52 @@ def test_concurrent_requests_get_their_own_vectors(gate):
         assert float(g @ r) >= 0.9999
 
 
-def _assert_torch_fallback(path, caplog, message: str):
+def test_int8_graph_is_close_to_the_torch_vectors_but_not_them(gate_dir):
+    g = GateModel(gate_dir, threads=1, precision="int8")
+    assert g.onnx is not None and g.onnx.precision == "int8"
+    assert g.onnx.path == onnx_path(gate_dir / "query_encoder", "int8")
+    assert g.onnx.path.stat().st_size < onnx_path(gate_dir / "query_encoder").stat().st_size / 3  # int8 weights
+    cos = []
+    for text in REQUESTS:
+        v = g.embed_query(text)
+        assert v.dtype == np.float32 and np.linalg.norm(v) == pytest.approx(1.0, abs=1e-5)
+        cos.append(float(v @ g.embed_query_torch(text)))
+    assert min(cos) >= MIN_COSINE_INT8, cos
+    assert min(cos) < 0.9999, cos  # quantized: not the fp32 graph under another name
+
+
+def test_unknown_precision_is_refused(gate_dir):
+    with pytest.raises(ValueError, match="precision"):
+        onnx_path(gate_dir / "query_encoder", "fp16")
+
+
+def test_missing_int8_graph_falls_back_to_fp32(gate_dir, tmp_path, caplog):
+    path = _variant(gate_dir, tmp_path)
+    onnx_path(path / "query_encoder", "int8").unlink()
     with caplog.at_level(logging.WARNING, logger="nexus.router"):
-        g = GateModel(path, threads=1)
+        g = GateModel(path, threads=1, precision="int8")
+    assert g.onnx is not None and g.onnx.precision == "fp32"
+    assert [r for r in caplog.records if "no INT8 query encoder" in r.getMessage() and r.levelno == logging.ERROR]
+    assert float(g.embed_query(REQUESTS[0]) @ g.embed_query_torch(REQUESTS[0])) >= 0.9999
+
+
+def test_foreign_int8_graph_falls_back_to_torch(gate_dir, tmp_path, caplog):
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    path = _variant(gate_dir, tmp_path)
+    other = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    export_query_onnx(path / "query_encoder", other)  # both graphs now of other weights
+    _assert_torch_fallback(path, caplog, "disagrees with the torch weights", precision="int8")
+
+
+def _assert_torch_fallback(path, caplog, message: str, precision: str = "fp32"):
+    with caplog.at_level(logging.WARNING, logger="nexus.router"):
+        g = GateModel(path, threads=1, precision=precision)
     assert g.onnx is None
     assert [r.getMessage() for r in caplog.records if message in r.getMessage()]
     np.testing.assert_array_equal(g.embed_query(REQUESTS[0]), g.embed_query_torch(REQUESTS[0]))
@@ -130,3 +175,10 @@ def test_cached_model_without_export_gets_one(tmp_path, monkeypatch):
     assert training.train_gate(lines, tools, out, equivalents=equivalents, progress=False) == doc
     assert onnx_path(out / "query_encoder").is_file()
     assert GateModel(out, threads=1).onnx is not None
+    # a model exported before the INT8 graph gets it on the next (cached) run, and keeps its fp32 export
+    int8 = onnx_path(out / "query_encoder", "int8")
+    int8.unlink()
+    fp32_mtime = onnx_path(out / "query_encoder").stat().st_mtime_ns
+    assert training.train_gate(lines, tools, out, equivalents=equivalents, progress=False) == doc
+    assert int8.is_file() and onnx_path(out / "query_encoder").stat().st_mtime_ns == fp32_mtime
+    assert GateModel(out, threads=1, precision="int8").onnx.precision == "int8"

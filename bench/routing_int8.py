@@ -1,0 +1,171 @@
+"""The query encoder at INT8: how much faster is a Route, and what does it cost in held-out routing? (issue 4)
+
+    nice -n 19 .venv/bin/python bench/routing_int8.py --json reports/routing_int8.json
+
+Each fold's gate model (the evaluation's, trained once and cached under ``--models-root``) is opened twice as the
+product opens it, in process: ``query_encoder_precision = fp32`` (the ONNX graph whose vectors are the torch
+vectors) and ``int8`` (its dynamic per-channel quantization, ``services/router/onnx_encoder.quantize``; the SLB's
+keys stay as trained). Every held-out line of the fold is routed by both arms, interleaved line by line with the
+arm order alternating, over every size and ``--draws`` draws of distractors (the evaluation's registries; the stage
+off, as the product ships). Written: held-out top-1 per size pooled over lines x draws (bootstrap CI over lines),
+the (line, draw) pairs int8 fixed and broke with an exact sign test, per-fold top-1, the router's own
+``route_ms`` percentiles per arm (embedding + scan; one thread) and their ratio, and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from routing_fold_reports import sign_test  # noqa: E402
+
+from services.evals.routing_models import prepare_training_env  # noqa: E402
+
+ARMS = ("fp32", "int8")
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs, np.float64), q))
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    sizes = list(report["pooled"]["fp32"])
+    width = 0.8 / len(ARMS)
+    for k, arm in enumerate(ARMS):
+        rows = [report["pooled"][arm][s] for s in sizes]
+        accs = [100 * r["accuracy"] for r in rows]
+        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
+               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
+        xs = [i + (k - (len(ARMS) - 1) / 2) * width for i in range(len(sizes))]
+        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
+        for x, a in zip(xs, accs, strict=True):
+            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(sizes)), [f"N = {s}" for s in sizes])
+    ax.set_ylabel("held-out top-1 (%), bootstrap 95 % CI over lines")
+    ax.set_ylim(max(0, min(100 * report["pooled"][a][s]["ci95"][0] for a in ARMS for s in sizes) - 5), 101)
+    ax.set_title("routing accuracy, query encoder fp32 vs int8")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    for arm in ARMS:
+        ms = np.sort(np.asarray(report["route_ms_samples"][arm]))
+        bx.plot(ms, np.arange(1, len(ms) + 1) / len(ms), label=f"{arm}: p50 {report['latency'][arm]['p50']:.1f}, "
+                                                               f"p99 {report['latency'][arm]['p99']:.1f} ms")
+    bx.set_xscale("log")
+    bx.set_xlabel("route_ms in process (embedding + SLB scan), log scale")
+    bx.set_ylabel("fraction of routes")
+    bx.set_title(f"route latency, {report['latency']['p50_ratio_fp32_over_int8']:.2f}x at p50")
+    bx.legend(loc="lower right", fontsize=8)
+    bx.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from services.evals.routing import add_protocol_args
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3)
+    ap.add_argument("--json", default="reports/routing_int8.json")
+    ap.add_argument("--limit", type=int, default=0, help="held-out lines per fold (0 = all; a quick look)")
+    ap.add_argument("--gates", default="", metavar="DIR[,DIR...]",
+                    help="gate models for --folds, in order, instead of the evaluation's cached fold models (the "
+                         "mechanics only: a model trained on a fold's lines does not score them held out)")
+    a = ap.parse_args(argv)
+    folds = [int(x) for x in a.folds.split(",")]
+    if not folds or any(f not in range(3) for f in folds):
+        ap.error(f"--folds: of 0, 1, 2 (the evaluation's three folds), got {a.folds!r}")
+    prepare_training_env()
+
+    from tqdm import tqdm
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.routing import (
+        _open_router,
+        load_protocol,
+        pool_line_draws,
+        pooled_top1,
+        route_lines,
+        write_report,
+    )
+    from services.evals.routing_models import fold_models
+    from services.router.training import GateHyperParams
+
+    t0 = time.time()
+    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
+    if a.gates:
+        given = [g for g in a.gates.split(",") if g]
+        if len(given) != len(folds):
+            ap.error(f"--gates: {len(given)} model(s) for {len(folds)} fold(s)")
+        dirs = dict(zip(folds, given, strict=True))
+    else:
+        dirs = dict(enumerate(fold_models(proto.lines, proto.fold_of, 3, proto.registry, GateHyperParams(seed=0),
+                                          a.models_root, extra=extra, calibration=calib)))
+    regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
+    hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in ARMS}
+    ms: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    per_fold = {}
+    embedder = Embedder("")
+    with tempfile.TemporaryDirectory(prefix="nexus-int8-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(proto.registry.tools))
+        for f in folds:
+            routers = {arm: _open_router(store, embedder, dirs[f], precision=arm) for arm in ARMS}
+            got = {arm: getattr(routers[arm].gate.onnx, "precision", None) for arm in ARMS}
+            if got != {arm: arm for arm in ARMS}:
+                raise RuntimeError(f"fold {f} ({dirs[f]}): the arms embed at {got}; run `make models` (or "
+                                   "`nexus train-gate`) to write the INT8 graph")
+            idxs = [i for i, g in enumerate(proto.fold_of) if g == f][: a.limit or None]
+            fold_hits = {arm: {s: [] for s in proto.sizes} for arm in ARMS}
+            for j, i in enumerate(tqdm(idxs, desc=f"fold {f}", file=sys.stderr)):
+                for arm in (ARMS if j % 2 == 0 else ARMS[::-1]):
+                    for (s, d), recs in route_lines(routers[arm], proto.lines, regs, [i]).items():
+                        r = recs[0]
+                        hits[arm][s][f"{r['id']}#{d}"] = r["correct"]
+                        fold_hits[arm][s].append(r["correct"])
+                        ms[arm].append(r["route_ms"])
+            per_fold[str(f)] = {"model": str(dirs[f]), "n": len(idxs),
+                                "top1": {arm: {s: float(np.mean(v)) for s, v in fold_hits[arm].items()}
+                                         for arm in ARMS}}
+            print(f"fold {f}: " + "; ".join(f"{arm} " + ", ".join(f"N={s} {100 * np.mean(v):.2f}"
+                                                                  for s, v in fold_hits[arm].items())
+                                            for arm in ARMS), flush=True)
+            del routers
+    pooled, paired = pool_line_draws(hits, "fp32")
+    for c in paired["int8"].values():
+        c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
+    lat = {arm: {"p50": pct(v, 50), "p90": pct(v, 90), "p99": pct(v, 99), "n": len(v)} for arm, v in ms.items()}
+    lat["p50_ratio_fp32_over_int8"] = lat["fp32"]["p50"] / lat["int8"]["p50"]
+    lat["p99_ratio_fp32_over_int8"] = lat["fp32"]["p99"] / lat["int8"]["p99"]
+    report = {
+        "bench": "bench/routing_int8.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
+        "interleaved": "line by line, arm order alternating", "threads": 1, "cpus": os.cpu_count(),
+        "load_avg_1m_at_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 1),
+        "held_out": not a.gates, "models": {str(f): str(d) for f, d in dirs.items()},
+        "pooled": pooled, "paired_vs_fp32": paired, "per_fold": per_fold, "latency": lat,
+        "route_ms_samples": {arm: [round(x, 3) for x in v] for arm, v in ms.items()},
+    }
+    write_report(a.json, report, plot, echo=[pooled_top1(pooled), paired, {k: v for k, v in lat.items()}])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
