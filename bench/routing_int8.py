@@ -32,6 +32,7 @@ from routing_fold_reports import sign_test  # noqa: E402
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
 ARMS = ("fp32", "int8")
+QUANTILES = [x / 2 for x in range(201)]  # the latency CDF as written: every half percentile
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -43,6 +44,7 @@ def plot(report: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     sizes = list(report["pooled"]["fp32"])
@@ -54,8 +56,8 @@ def plot(report: dict, path: str) -> None:
                [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
         xs = [i + (k - (len(ARMS) - 1) / 2) * width for i in range(len(sizes))]
         ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
-        for x, a in zip(xs, accs, strict=True):
-            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
+        for x, a, r in zip(xs, accs, rows, strict=True):  # above the CI's whisker
+            ax.text(x, 100 * r["ci95"][1] + 0.2, f"{a:.2f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(sizes)), [f"N = {s}" for s in sizes])
     ax.set_ylabel("held-out top-1 (%), bootstrap 95 % CI over lines")
     ax.set_ylim(max(0, min(100 * report["pooled"][a][s]["ci95"][0] for a in ARMS for s in sizes) - 5), 101)
@@ -63,10 +65,13 @@ def plot(report: dict, path: str) -> None:
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     for arm in ARMS:
-        ms = np.sort(np.asarray(report["route_ms_samples"][arm]))
-        bx.plot(ms, np.arange(1, len(ms) + 1) / len(ms), label=f"{arm}: p50 {report['latency'][arm]['p50']:.1f}, "
-                                                               f"p99 {report['latency'][arm]['p99']:.1f} ms")
+        lat = report["latency"][arm]
+        bx.plot(report["route_ms_quantiles"][arm], np.asarray(QUANTILES) / 100,
+                label=f"{arm}: p50 {lat['p50']:.1f}, p99 {lat['p99']:.1f} ms")
     bx.set_xscale("log")
+    bx.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([2, 3, 5, 10, 20, 30, 50, 100]))
+    bx.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    bx.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     bx.set_xlabel("route_ms in process (embedding + SLB scan), log scale")
     bx.set_ylabel("fraction of routes")
     bx.set_title(f"route latency, {report['latency']['p50_ratio_fp32_over_int8']:.2f}x at p50")
@@ -161,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_avg_1m_at_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 1),
         "held_out": not a.gates, "models": {str(f): str(d) for f, d in dirs.items()},
         "pooled": pooled, "paired_vs_fp32": paired, "per_fold": per_fold, "latency": lat,
-        "route_ms_samples": {arm: [round(x, 3) for x in v] for arm, v in ms.items()},
+        "route_ms_quantiles": {arm: [round(float(x), 3) for x in np.percentile(v, QUANTILES)]
+                               for arm, v in ms.items()},
     }
     write_report(a.json, report, plot, echo=[pooled_top1(pooled), paired, {k: v for k, v in lat.items()}])
     return 0

@@ -29,6 +29,8 @@ def test_both_arms_route_every_line_with_their_graph(tmp_path):
     for arm in ("fp32", "int8"):
         assert rep["latency"][arm]["n"] == 5 * 2 * 2  # lines x sizes x draws
         assert 0 < rep["latency"][arm]["p50"] <= rep["latency"][arm]["p99"]
+        q = rep["route_ms_quantiles"][arm]
+        assert len(q) == 201 and q == sorted(q) and q[100] == pytest.approx(rep["latency"][arm]["p50"], abs=1e-3)
         assert all(rep["pooled"][arm][s]["n"] == 5 for s in ("10", "all"))
         assert rep["per_fold"]["1"]["n"] == 5 and set(rep["per_fold"]["1"]["top1"][arm]) == {"10", "all"}
     for c in rep["paired_vs_fp32"]["int8"].values():
