@@ -141,8 +141,8 @@ def load(encoder_dir: str | Path, tokenizer, max_len: int, threads: int,
     caller embeds with torch). An INT8 graph that is missing falls back to the fp32 one, logged."""
     path = onnx_path(encoder_dir, precision)
     if precision == "int8" and not path.is_file():
-        log.error("no INT8 query encoder at %s: embedding at fp32 instead; `nexus train-gate` (or `make models`) "
-                  "writes it", path)
+        log.error("no INT8 query encoder at %s: embedding at fp32 instead; `nexus train-gate` on the model's data "
+                  "writes it (a cached model gets it without retraining)", path)
         return load(encoder_dir, tokenizer, max_len, threads, reference)
     min_cosine = MIN_COSINE if precision == "fp32" else MIN_COSINE_INT8
     if not path.is_file():

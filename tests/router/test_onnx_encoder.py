@@ -107,20 +107,6 @@ def test_missing_int8_graph_falls_back_to_fp32(gate_dir, tmp_path, caplog):
     assert float(g.embed_query(REQUESTS[0]) @ g.embed_query_torch(REQUESTS[0])) >= 0.9999
 
 
-def test_foreign_int8_graph_falls_back_to_torch(gate_dir, tmp_path, caplog):
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    path = _variant(gate_dir, tmp_path)
-    other = SentenceTransformer(str(default_embedder_path()), device="cpu")
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in other.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    export_query_onnx(path / "query_encoder", other)  # both graphs now of other weights
-    _assert_torch_fallback(path, caplog, "disagrees with the torch weights", precision="int8")
-
-
 def _assert_torch_fallback(path, caplog, message: str, precision: str = "fp32"):
     with caplog.at_level(logging.WARNING, logger="nexus.router"):
         g = GateModel(path, threads=1, precision=precision)
@@ -146,7 +132,8 @@ def test_unreadable_export_falls_back_to_torch(gate_dir, tmp_path, caplog):
     _assert_torch_fallback(path, caplog, "unusable")
 
 
-def test_export_of_other_weights_is_refused(gate_dir, tmp_path, caplog):
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_export_of_other_weights_is_refused(gate_dir, tmp_path, caplog, precision):
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -156,8 +143,8 @@ def test_export_of_other_weights_is_refused(gate_dir, tmp_path, caplog):
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    export_query_onnx(path / "query_encoder", other)  # the weights on disk stay the base ones
-    _assert_torch_fallback(path, caplog, "disagrees with the torch weights")
+    export_query_onnx(path / "query_encoder", other)  # both graphs of other weights; those on disk stay the base ones
+    _assert_torch_fallback(path, caplog, "disagrees with the torch weights", precision=precision)
 
 
 def test_cached_model_without_export_gets_one(tmp_path, monkeypatch):
