@@ -271,6 +271,7 @@ def check_k8s(docs: list[dict]) -> list[str]:
     configmaps = {n: d.get("data", {}) for (k, n), d in index.items() if k == "ConfigMap"}
     secrets = {n: {**d.get("data", {}), **d.get("stringData", {})} for (k, n), d in index.items() if k == "Secret"}
     namespaces = {n for (k, n) in index if k == "Namespace"}
+    claims = {n for (k, n) in index if k == "PersistentVolumeClaim"}
 
     for d in docs:
         ns = d["metadata"].get("namespace")
@@ -291,6 +292,9 @@ def check_k8s(docs: list[dict]) -> list[str]:
                 problems.append(f"{name}: volume {v['name']} uses missing ConfigMap {v['configMap']['name']}")
             if "secret" in v and v["secret"]["secretName"] not in secrets:
                 problems.append(f"{name}: volume {v['name']} uses missing Secret {v['secret']['secretName']}")
+            if "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] not in claims:
+                problems.append(f"{name}: volume {v['name']} uses missing PersistentVolumeClaim "
+                                f"{v['persistentVolumeClaim']['claimName']}")
         if w["kind"] == "StatefulSet":
             svc = index.get(("Service", w["spec"].get("serviceName", "")))
             if svc is None:

@@ -123,3 +123,38 @@ def test_env_example_lists_every_variable_the_compose_file_uses():
     example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
     assert used <= set(example), used - set(example)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_router_mounts_the_trained_gate_model_and_loads_it(compose, tmp_path, precision):
+    """The router container gets the host's `make setup` gate model read-only where NEXUS_ROUTER_GATE_MODEL_DIR
+    points; a real Router built from the compose env (the mount's host side in place of the container path, a local
+    store in place of Redis) loads that model with its tuned query encoder at the configured precision."""
+    import asyncio
+
+    from services.common.config import load_config
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.data import load_registry
+    from services.router.config import RouterConfig
+    from services.router.router import Router
+    from tests.conftest import TOOLS_DIR
+
+    router = interpolate(yaml.safe_load(COMPOSE.read_text()), {**ENV, "NEXUS_QUERY_ENCODER_PRECISION": precision})
+    router = router["services"]["router"]
+    env = env_dict(router["environment"])
+    mounts = {dst: (src, mode) for src, dst, mode in (v.split(":") for v in router["volumes"])}
+    src, mode = mounts[env["NEXUS_ROUTER_GATE_MODEL_DIR"]]
+    assert mode == "ro" and env["NEXUS_ROUTER_QUERY_ENCODER_PRECISION"] == precision
+    host = (DEPLOY / src).resolve()
+    assert host == (REPO / "var" / "models" / "gate").resolve()
+    if not (host / "gate.json").is_file():
+        pytest.fail(f"no gate model at {host}: run `make setup` (it trains and links it)")
+    env.update(NEXUS_ROUTER_GATE_MODEL_DIR=str(host), NEXUS_ROUTER_STORE_URL=str(tmp_path / "store"))
+    cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env=env)
+    store = LocalStore(cfg.store_url)
+    r = Router(cfg, store, Embedder(cfg.embedder_path))
+    assert r.gate is not None and r.gate.onnx is not None and r.gate.onnx.precision == precision
+    store.registry_put([t for t in load_registry(TOOLS_DIR).tools if t.name in ("get_current_time", "convert_time")])
+    asyncio.run(r.sync(force=True))
+    assert r.route("what time is it in Tokyo right now?").tool == "get_current_time"

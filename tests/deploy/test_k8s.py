@@ -57,6 +57,9 @@ def test_the_reference_checker_catches_broken_references(docs):
     assert any("not in nexus-redis" in p for p in broken(
         lambda d: pod_spec(get(d, "DaemonSet", "engine"))["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]
         .update({"key": "pass"})))
+    assert any("missing PersistentVolumeClaim nexus-modles" in p for p in broken(
+        lambda d: next(v for v in pod_spec(get(d, "Deployment", "router"))["volumes"] if v["name"] == "models")
+        ["persistentVolumeClaim"].update({"claimName": "nexus-modles"})))
     assert any("scaleTargetRef" in p for p in broken(
         lambda d: get(d, "HorizontalPodAutoscaler", "router")["spec"]["scaleTargetRef"].update({"name": "routr"})))
     assert any("not a container port" in p for p in broken(
@@ -105,6 +108,22 @@ def test_configmap_is_valid_service_config_and_router_reaches_the_compiler_servi
         env = {e["name"]: e.get("value") for e in pod_spec(get(docs, kind, name))["containers"][0]["env"]}
         assert env[f"NEXUS_{name.upper()}_STORE_URL"] == "redis://:$(REDIS_PASSWORD)@redis:6379/0"
     assert get(docs, "Service", "redis")["spec"]["ports"][0]["port"] == 6379
+
+
+@pytest.mark.parametrize("kind, name, key", [("Deployment", "router", "NEXUS_ROUTER_GATE_MODEL_DIR"),
+                                             ("DaemonSet", "engine", "NEXUS_ENGINE_SLOT_MODEL")])
+def test_trained_models_come_read_only_from_the_shared_claim(docs, kind, name, key):
+    """The router's gate model and the engine's slot reader: the paths the ConfigMap gives lie under a read-only mount
+    of the nexus-models claim, which every replica on any node can mount (ReadOnlyMany)."""
+    path = get(docs, "ConfigMap", "nexus-config")["data"][key]
+    spec = pod_spec(get(docs, kind, name))
+    claim_volumes = {v["name"] for v in spec["volumes"]
+                     if v.get("persistentVolumeClaim", {}).get("claimName") == "nexus-models"
+                     and v["persistentVolumeClaim"].get("readOnly")}
+    mounts = [m for m in spec["containers"][0]["volumeMounts"]
+              if m["name"] in claim_volumes and path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1 and mounts[0]["readOnly"] is True
+    assert get(docs, "PersistentVolumeClaim", "nexus-models")["spec"]["accessModes"] == ["ReadOnlyMany"]
 
 
 def test_router_scales_out_and_engine_runs_on_unified_memory_nodes(docs):
