@@ -123,8 +123,10 @@ stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the 
 	cp nexus/v1/descriptor.pb dist/nexus.v1.protoset
 	@ls -1 dist/nexus_client-*.whl dist/nexus.v1.protoset
 
-bench: native  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice)
+bench: native models  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice, Route over gRPC)
 	$(PY) bench/native_bench.py
+	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms model,int8 \
+		--json reports/routing_grpc_int8.json
 
 # Reliability (issue #8). The sanitizer build is a separate copy of the native module (build/native-asan/pkg),
 # never installed into the venv; `make fuzz` runs it with libasan (and libstdc++, for __cxa_throw) preloaded.
@@ -155,6 +157,7 @@ eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing.json
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --slots var/models/slots \
 		--holdout-server '' --no-concat --json reports/routing_staged.json
+	$(PY) bench/routing_int8.py --queries $(QUERIES) --tools $(TOOLS) --json reports/routing_int8.json
 	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
 	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json
 	$(VENV)/bin/nexus eval ttft --json reports/splice_ttft.json
