@@ -115,7 +115,7 @@ def test_load_refuses_what_it_cannot_trust(saved, gate, tmp_path, caplog):
     assert all("the argument-evidence stage is off" in m for m in said)
 
 
-def _router(tmp_path, late_dir, tools, on=True):
+def _router(tmp_path, late_dir, tools, on=True, precision="fp32"):
     import asyncio
 
     from services.common.embedder import Embedder
@@ -126,7 +126,8 @@ def _router(tmp_path, late_dir, tools, on=True):
     store = LocalStore(str(tmp_path / "store"))
     store.registry_put(list(tools))
     router = Router(RouterConfig(store_url=str(tmp_path / "store"), gate_model_dir=str(GATE), arg_evidence=on,
-                                 late_reader_dir=str(late_dir), torch_threads=1), store, Embedder(""))
+                                 late_reader_dir=str(late_dir), torch_threads=1, query_encoder_precision=precision),
+                    store, Embedder(""))
     asyncio.run(router.sync(force=True))
     return router
 
@@ -164,3 +165,18 @@ def test_the_router_escalates_through_the_late_reader(saved, tmp_path, all_tools
     r = _router(tmp_path / "stale-r", stale, k8s)
     assert r.arg_evidence is None and r.decide(TEXT, 3).gate == "auto"
     assert _router(tmp_path / "none-r", tmp_path / "nowhere", k8s).arg_evidence is None
+
+
+def test_int8_is_not_used_with_a_late_reader(saved, tmp_path, all_tools, caplog):
+    """The late reader's graph embeds every request (its states are what the head was trained on): an INT8 query
+    encoder asked for beside it is loaded but not used, and the router says so."""
+    k8s = [t for t in all_tools if t.name.startswith(("pods_", "namespaces_", "resources_"))]
+    caplog.set_level(logging.INFO, logger="nexus.router")
+    both = _router(tmp_path / "both", saved, k8s, precision="int8")
+    assert both.gate.onnx.precision == "int8" and both.arg_evidence is not None
+    assert any("query_encoder_precision=int8 is not used with a late reader" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
+    fp32 = _router(tmp_path / "fp32", saved, k8s)
+    got, want = both.decide(TEXT, 4).slb_candidates[:4], fp32.decide(TEXT, 4).slb_candidates[:4]
+    assert [n for n, _ in got] == [n for n, _ in want]
+    assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)  # the same pass: the fp32 graph's
