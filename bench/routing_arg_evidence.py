@@ -136,8 +136,15 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
     ap.add_argument("--clip", type=float, default=CLIP,
                     help="where a required parameter's score saturates in req_min / req_mean (the product's: "
                          "%(default)s)")
+    ap.add_argument("--enum-words", action="store_true",
+                    help="enum parameters whose values the request's words name read as stated "
+                         "(argevidence.ENUM_WORDS; reports/routing_experiments.md §28)")
     a = ap.parse_args(argv)
     alphas = [float(x) for x in a.alphas.split(",")]
+    if a.enum_words:
+        from services.router import argevidence
+
+        argevidence.ENUM_WORDS = True
     dump = open(a.dump_escalations, "w") if a.dump_escalations else None  # closed after the folds
 
     prepare_training_env()
@@ -267,6 +274,7 @@ def main(argv: Sequence[str] | None = None, reader=None, reader_for=None) -> int
                                                          for arm, (d, t, fs) in VARIANTS.items()},
               "grids": {"features": list(FEATURES), "alphas": alphas,
                                                        "escalate_quantiles": list(ESCALATE_Q), "clip": a.clip,
+                                                       "enum_words": a.enum_words,
                                                        "min_gain": MIN_GAIN},
               "reader": {"path": reader.meta.get("path", a.slots), "threshold": reader.threshold, "data_hash": reader.meta.get("data_hash"),
                          "ms_per_uncached_line_all_params_p50": round(1000 * float(np.median(secs)), 1),

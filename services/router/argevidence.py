@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from services.common.tools import Tool
+from services.router.keys import query_part
 
 log = logging.getLogger("nexus.router.argevidence")
 
@@ -121,6 +123,37 @@ def drop_shared(readings: Sequence[Reading]) -> list[list[tuple[str, bool, float
     return [[x for x in r if x[0] not in shared] for r in readings]
 
 
+# Enum parameters stated in words ("close it without merging" states state=closed): a span reader reads them as not
+# stated. With ENUM_WORDS on, a parameter one of whose enum values the request's words name (``enum_stated``) reads
+# at +CLIP. Off: the product's calibrations were made without it (reports/routing_experiments.md §28).
+ENUM_WORDS = False
+
+
+def _words_match(a: str, b: str) -> bool:
+    """The same word up to a short inflection ("close" / "closed", "merge" / "merging"); words under 4 letters exactly."""
+    if a == b:
+        return True
+    short, long_ = sorted((a, b), key=len)
+    if len(short) < 4:
+        return False
+    stem = short[:-1] if short.endswith("e") else short
+    return long_.startswith(stem) and len(long_) - len(stem) <= 3
+
+
+def enum_stated(prop: dict[str, Any], query: str) -> bool:
+    """Whether ``query``'s words name one of ``prop``'s string enum values (every word of a value like
+    ``not_planned``)."""
+    values = [v for v in prop.get("enum") or [] if isinstance(v, str) and v]
+    if not values:
+        return False
+    words = re.findall(r"[a-z0-9]+", query.lower())
+    for v in values:
+        parts = re.findall(r"[a-z0-9]+", v.lower())
+        if parts and all(any(_words_match(p, w) for w in words) for p in parts):
+            return True
+    return False
+
+
 def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
          distinct: bool = False, states: Any = None) -> list[list[tuple[str, bool, float]]]:
     """The reader's score of every span parameter of each tool (``required_only``: its required ones) in ``text``:
@@ -135,6 +168,8 @@ def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
     shared = shared_names([[n for n, _ in p] if p is not None else None for p in params]) if distinct else set()
     questions: list[str] = []
     owners: list[tuple[int, str, bool]] = []
+    stated_enums: set[tuple[int, str]] = set()
+    query = query_part(text) if ENUM_WORDS else ""
     for j, tool in enumerate(tools):
         if tool is None:
             continue
@@ -144,11 +179,14 @@ def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
                 continue
             questions.append(slot_question(tool, name, prop))
             owners.append((j, name, name in req))
+            if ENUM_WORDS and enum_stated(prop, query):
+                stated_enums.add((j, name))
     out: list[list[tuple[str, bool, float]]] = [[] for _ in tools]
     given = {"states": states} if states is not None and ctx == text else {}
     spans = reader.score(questions, ctx, k=1, **given) if questions else []
     for (j, name, req), s in zip(owners, spans, strict=True):
-        out[j].append((name, req, float(s[0][2]) if s else -CLIP))
+        score = float(s[0][2]) if s else -CLIP
+        out[j].append((name, req, max(score, CLIP) if (j, name) in stated_enums else score))
     return out
 
 

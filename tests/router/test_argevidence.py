@@ -99,6 +99,43 @@ def test_distinct_reading_skips_what_every_candidate_asks_for(reader, by_name):
     assert feats[0] > 0 and feats[1] == feats[2] == 0.0
 
 
+@pytest.mark.parametrize("query, stated", [
+    ("close PR octo-org/web-app#199, abandoned", True),  # close ~ closed
+    ("close it without merging", True),
+    ("show the open issues", True),
+    ("reopen it", False),  # a prefix of the request's word only
+    ("list everything", False),
+])
+def test_an_enum_value_named_in_words_is_stated(query, stated):
+    assert ae.enum_stated({"type": "string", "enum": ["open", "closed"]}, query) is stated
+
+
+def test_enum_words_need_every_word_of_a_value_and_short_values_exactly():
+    assert ae.enum_stated({"enum": ["not_planned", "completed"]}, "close it as not planned")
+    assert not ae.enum_stated({"enum": ["not_planned"]}, "not yet")
+    assert ae.enum_stated({"enum": ["asc", "desc"]}, "oldest first, asc")
+    assert not ae.enum_stated({"enum": ["asc", "desc"]}, "sorted descending")
+    assert not ae.enum_stated({"type": "string"}, "open") and not ae.enum_stated({"enum": [1, 2]}, "1")
+
+
+def test_enum_words_lift_a_named_value_to_stated_when_on(reader, by_name, monkeypatch):
+    """The real reader reads an enum stated in words ("close ... without merging": state=closed) as not stated; with
+    ENUM_WORDS the parameter reads at +CLIP, and only in the request's own words (not its context)."""
+    tool = by_name["update_pull_request"]
+    props = tool.input_schema["properties"]
+    assert props["state"].get("enum")
+    text = "close octo-org/web-app#199 without merging"
+    off = dict((n, s) for n, _, s in ae.read(reader, text, [tool], required_only=False)[0])
+    monkeypatch.setattr(ae, "ENUM_WORDS", True)
+    on = dict((n, s) for n, _, s in ae.read(reader, text, [tool], required_only=False)[0])
+    assert off["state"] < reader.threshold and on["state"] == ae.CLIP
+    assert {n: s for n, s in on.items() if n != "state"} == pytest.approx({n: s for n, s in off.items() if n != "state"})
+    with_context = "merge it\n[context] user: close the other one"
+    ctx_on = ae.read(reader, with_context, [tool], required_only=False)[0]
+    monkeypatch.setattr(ae, "ENUM_WORDS", False)
+    assert ctx_on == ae.read(reader, with_context, [tool], required_only=False)[0]
+
+
 @dataclass(frozen=True)
 class Line:
     text: str
