@@ -534,9 +534,13 @@ def plot(report: dict, path: str) -> None:
 # score is the head's confidence, not more evidence, and at 10 a tool that states one parameter very confidently beat
 # one that states two. Held out on all three folds: +0.62 instead of +0.35 points at N = 250 (§26)
 EXPORT_CLIP = 2.0
+# and reads enum parameters the request names in words as stated (argevidence.enum_stated): +1.11 instead of +0.62
+# (§28)
+EXPORT_ENUM_WORDS = True
 
 
-def export(reader: LateReader, gate: Path, queries, registry, calibration, out: str, clip: float = EXPORT_CLIP) -> int:
+def export(reader: LateReader, gate: Path, queries, registry, calibration, out: str, clip: float = EXPORT_CLIP,
+           enum_words: bool = EXPORT_ENUM_WORDS) -> int:
     """``reader`` (``head_for``'s, for the production model at ``gate``) as the router's late reader at ``out``, with
     the stage calibrated for it as ``make models`` calibrates it for the slot reader (the model's validation +
     calibration lines, full registry; its cross-fit beside it)."""
@@ -544,14 +548,15 @@ def export(reader: LateReader, gate: Path, queries, registry, calibration, out: 
     from services.router import late_reader
 
     section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=reader,
-                                     write=False, clip=clip)
+                                     write=False, clip=clip, enum_words=enum_words)
     late_reader.save(out, reader.head, reader.transformer, reader.tokenizer, reader.threshold, reader.meta,
                      json.loads((gate / "gate.json").read_text()), arg_evidence=section)
     cf = section["crossfit"]
     print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],
                       "tau": section["tau"], "choose_top1_slb": section["choose_top1_slb"],
                       "choose_top1": section["choose_top1"], "choose_top1_crossfit": cf["top1"],
-                      "choose_escalation_rate": section["choose_escalation_rate"]}, indent=1))
+                      "choose_escalation_rate": section["choose_escalation_rate"], "clip": section["clip"],
+                      "enum_words": section["enum_words"]}, indent=1))
     print(f"NEXUS_ROUTER_ARG_EVIDENCE=true NEXUS_ROUTER_LATE_READER_DIR={out} serves with it")
     return 0
 
@@ -649,6 +654,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--clip", type=float, default=EXPORT_CLIP,
                     help="--export: where a required parameter's score saturates in the stage's features "
                          "(%(default)s; reports/routing_experiments.md §26)")
+    ap.add_argument("--no-enum-words", action="store_true",
+                    help="--export: read enum parameters as spans only, as before §28")
     a = ap.parse_args(argv)
 
     prepare_training_env()
@@ -677,7 +684,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
     heads = {"production": rec}
     if a.export:
-        return export(prod, gate, queries, registry, load_augment(a.calibration), a.export, a.clip)
+        return export(prod, gate, queries, registry, load_augment(a.calibration), a.export, a.clip,
+                      not a.no_enum_words)
     if a.routing_only:
         report: dict[str, Any] = {"heads": heads, "d": D, "k": a.layers, "route_groups": len(groups),
                                   "protocol": "heads only (--routing-only): the routing figures are --routing-json's"}

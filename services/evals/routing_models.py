@@ -65,13 +65,13 @@ def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperPa
 def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
                            calibration: Sequence[QueryLine], slots: str, progress: bool = False,
                            force: bool = False, reader: Any = None, write: bool = True,
-                           clip: float = CLIP) -> dict[str, Any]:
+                           clip: float = CLIP, enum_words: bool = False) -> dict[str, Any]:
     """Choose the gate model's argument-evidence stage (``services.router.argevidence.calibrate``) for the slot
     reader at ``slots`` (or ``reader``, any object with the slot reader's interface) on the model's validation lines
     (ids in gate.json, drawn from its training ``lines``) + ``calibration``, ranked by a real router over the whole
     ``registry``; stored in gate.json unless not ``write`` (a bench asking what a reader would gain). Kept as it is
     when gate.json already holds a choice for this reader and SLB calibration, unless ``force``. ``clip``: the
-    features' (``argevidence.candidate_feature``)."""
+    features' (``argevidence.candidate_feature``); ``enum_words``: ``argevidence.read``'s."""
     import tempfile
 
     from services.common.embedder import Embedder
@@ -106,7 +106,7 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
             return router.decide(text, n).slb_candidates[:n]
 
         section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress,
-                                        clip=clip)
+                                        clip=clip, enum_words=enum_words)
     if not write:
         return section
     argevidence.write(gate_dir, section)

@@ -124,8 +124,10 @@ def drop_shared(readings: Sequence[Reading]) -> list[list[tuple[str, bool, float
 
 
 # Enum parameters stated in words ("close it without merging" states state=closed): a span reader reads them as not
-# stated. With ENUM_WORDS on, a parameter one of whose enum values the request's words name (``enum_stated``) reads
-# at +CLIP. Off: the product's calibrations were made without it (reports/routing_experiments.md §28).
+# stated. With enum words on, a parameter one of whose enum values the request's words name (``enum_stated``) reads
+# at +CLIP: the late reader's held-out gain at N = 250 +0.62 -> +1.11 (reports/routing_experiments.md §28). A
+# section records whether it was calibrated with them (``enum_words``; absent: off); ENUM_WORDS is what ``read``
+# and ``calibrate`` use when not told (a bench's --enum-words turns it on).
 ENUM_WORDS = False
 
 
@@ -155,12 +157,13 @@ def enum_stated(prop: dict[str, Any], query: str) -> bool:
 
 
 def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
-         distinct: bool = False, states: Any = None) -> list[list[tuple[str, bool, float]]]:
+         distinct: bool = False, states: Any = None, enum_words: bool | None = None) -> list[list[tuple[str, bool, float]]]:
     """The reader's score of every span parameter of each tool (``required_only``: its required ones) in ``text``:
     one batch. A tool that is None (unregistered meanwhile) reads as no parameters. ``distinct``: parameters every
     tool has (by name, e.g. owner and repo of GitHub twins) are not read (``drop_shared``). ``states``: ``text``'s
     token states from the router's own pass, for a reader that reads them (services.router.late_reader); used when
-    the reader's context is the whole text."""
+    the reader's context is the whole text. ``enum_words``: enum parameters the request names in words read at +CLIP
+    (None: ``ENUM_WORDS``)."""
     from services.engine.slots import slot_context, slot_params, slot_question
 
     ctx, _ = slot_context(text)
@@ -169,7 +172,8 @@ def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
     questions: list[str] = []
     owners: list[tuple[int, str, bool]] = []
     stated_enums: set[tuple[int, str]] = set()
-    query = query_part(text) if ENUM_WORDS else ""
+    enum_words = ENUM_WORDS if enum_words is None else enum_words
+    query = query_part(text) if enum_words else ""
     for j, tool in enumerate(tools):
         if tool is None:
             continue
@@ -179,7 +183,7 @@ def read(reader, text: str, tools: Sequence[Tool | None], required_only: bool,
                 continue
             questions.append(slot_question(tool, name, prop))
             owners.append((j, name, name in req))
-            if ENUM_WORDS and enum_stated(prop, query):
+            if enum_words and enum_stated(prop, query):
                 stated_enums.add((j, name))
     out: list[list[tuple[str, bool, float]]] = [[] for _ in tools]
     given = {"states": states} if states is not None and ctx == text else {}
@@ -208,10 +212,11 @@ class ArgEvidence:
     top_k: int = TOP_K
     distinct: bool = False  # only the parameters that not every candidate has are read (``drop_shared``)
     clip: float = CLIP  # where a required parameter's score saturates (``candidate_feature``)
+    enum_words: bool = False  # enum parameters named in the request's words read as stated (``enum_stated``)
 
     def features(self, text: str, tools: Sequence[Tool | None], states: Any = None) -> np.ndarray:
         readings = read(self.reader, text, tools, required_only=self.feature != "stated", distinct=self.distinct,
-                        states=states)
+                        states=states, enum_words=self.enum_words)
         return np.array([candidate_feature(r, self.feature, self.reader.threshold, self.clip) for r in readings],
                         np.float64)
 
@@ -251,7 +256,8 @@ def from_gate(meta: dict[str, Any], reader) -> ArgEvidence | None:
         log.error("gate.json arg_evidence unusable (%s): no escalation",
                   {k: doc.get(k) for k in ("feature", "alpha", "tau", "top_k", "clip")})
         return None
-    return ArgEvidence(reader, doc["feature"], alpha, tau, top_k, bool(doc.get("distinct")), clip)
+    return ArgEvidence(reader, doc["feature"], alpha, tau, top_k, bool(doc.get("distinct")), clip,
+                       doc.get("enum_words") is True)
 
 
 def is_current(meta: dict[str, Any], reader, distinct: bool = DISTINCT) -> bool:
@@ -266,18 +272,20 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
               tool_of: Callable[[str], Tool | None], reader, meta: dict[str, Any], top_k: int = TOP_K,
               distinct: bool = DISTINCT, progress: bool = False, features: Sequence[str] = FEATURES,
               read_all: Callable[[str, list[str]], list[Reading]] | None = None,
-              alphas: Sequence[float] = ALPHAS, clip: float = CLIP) -> dict[str, Any]:
+              alphas: Sequence[float] = ALPHAS, clip: float = CLIP, enum_words: bool | None = None) -> dict[str, Any]:
     """Choose the feature (of ``features``), alpha and tau on ``choose`` (examples with ``.text`` and
     ``.positives``): ``decide(text, n)`` gives the SLB's top ``n`` (name, score) as the router ranks them over the
     full registry; ``distinct``: the features read only what tells the candidates apart (``drop_shared``);
     ``read_all(text, names)``: every span parameter's reading per tool (default: the reader's, now; a bench passes
     its cache). Returns the ``arg_evidence`` section of gate.json (``feature`` "none" when nothing gains
     ``MIN_GAIN``), with what the choice gains on lines it was not made on (``crossfit``, ``_crossfit``). ``alphas``:
-    the grid alpha is chosen from (a bench widening it); ``clip``: ``candidate_feature``'s, recorded."""
+    the grid alpha is chosen from (a bench widening it); ``clip``: ``candidate_feature``'s, recorded; ``enum_words``:
+    ``read``'s (None: ``ENUM_WORDS``; a ``read_all`` reads as the module says), recorded."""
     from tqdm import tqdm
 
     if not choose:
         raise ValueError("no choosing lines to calibrate the argument evidence on")
+    enum_words = ENUM_WORDS if enum_words is None else enum_words
     tops = [list(decide(e.text, max(top_k, 2))) for e in choose]
     m = np.array([t[0][1] - t[1][1] if len(t) > 1 else np.inf for t in tops], np.float64)
     base = np.array([bool(t) and t[0][0] in e.positives for t, e in zip(tops, choose, strict=True)])
@@ -290,7 +298,7 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
         cands = tops[i][:top_k]
         if read_all is None:
             readings = read(reader, choose[i].text, [tool_of(n) for n, _ in cands], "stated" not in features,
-                            distinct)
+                            distinct, enum_words=enum_words)
         else:
             readings = read_all(choose[i].text, [n for n, _ in cands])
             readings = drop_shared(readings) if distinct else readings
@@ -314,7 +322,8 @@ def calibrate(decide: Callable[[str, int], Sequence[tuple[str, float]]], choose:
     chosen = best if keep else {"top1": none, **NO_STAGE}
     return {"version": ARG_EVIDENCE_VERSION, "reader": reader_key(reader), "slb": slb_key(meta),
             "feature": chosen["feature"], "alpha": chosen["alpha"], "tau": chosen["tau"], "quantile": chosen["q"],
-            "top_k": top_k, "distinct": distinct, "clip": clip, "min_gain": MIN_GAIN, "n_choose": len(choose),
+            "top_k": top_k, "distinct": distinct, "clip": clip, "enum_words": enum_words, "min_gain": MIN_GAIN,
+            "n_choose": len(choose),
             "choose_top1_slb": none, "choose_top1": chosen["top1"],
             "best_if_kept": {k: best[k] for k in ("feature", "alpha", "tau", "q", "top1")},
             "choose_escalation_rate": float(np.mean(m < chosen["tau"])) if keep else 0.0,

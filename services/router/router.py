@@ -171,7 +171,8 @@ class Router:
         if ae is not None:
             ae.reader.score(["warm up"], "warm up")
             log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
-                                                        "top_k": ae.top_k, "reader": path})
+                                                        "top_k": ae.top_k, "reader": path, "clip": ae.clip,
+                                                        "enum_words": ae.enum_words})
             if self.config.query_encoder_precision != "fp32":
                 log.warning("query_encoder_precision=%s is not used with a late reader: requests are embedded by "
                             "the reader's fp32 graph", self.config.query_encoder_precision)

@@ -130,6 +130,11 @@ def test_enum_words_lift_a_named_value_to_stated_when_on(reader, by_name, monkey
     on = dict((n, s) for n, _, s in ae.read(reader, text, [tool], required_only=False)[0])
     assert off["state"] < reader.threshold and on["state"] == ae.CLIP
     assert {n: s for n, s in on.items() if n != "state"} == pytest.approx({n: s for n, s in off.items() if n != "state"})
+    # the stage reads as its section says, whatever the module's default
+    monkeypatch.setattr(ae, "ENUM_WORDS", False)
+    stated = [ae.ArgEvidence(reader, "stated", 1.0, 1.0, enum_words=w).features(text, [tool])[0] for w in (False, True)]
+    assert stated[1] == stated[0] + 1
+    monkeypatch.setattr(ae, "ENUM_WORDS", True)
     with_context = "merge it\n[context] user: close the other one"
     ctx_on = ae.read(reader, with_context, [tool], required_only=False)[0]
     monkeypatch.setattr(ae, "ENUM_WORDS", False)
@@ -178,6 +183,9 @@ def test_calibrate_keeps_the_stage_when_it_fixes_near_ties_and_says_none_when_it
     assert {g["alpha"] for g in wide["grid"]} == {0.5, 1.0} and wide["alpha"] in (0.5, 1.0)
     assert doc["clip"] == ae.CLIP and wide["clip"] == 2.0
     assert ae.from_gate({**META, "arg_evidence": wide}, reader).clip == 2.0  # the router reads as it was chosen
+    words = ae.calibrate(lambda text, n: ranks[text][:n], lines, by_name.get, reader, META, enum_words=True)
+    assert doc["enum_words"] is False and words["enum_words"] is True
+    assert ae.from_gate({**META, "arg_evidence": words}, reader).enum_words is True
     # the SLB already right everywhere: nothing to gain, no stage
     right = {t: (r if "namespace" not in t else list(reversed(r))) for t, r in ranks.items()}
     none = ae.calibrate(lambda text, n: right[text][:n], lines, by_name.get, reader, META)
@@ -236,6 +244,9 @@ def test_from_gate_loads_only_a_choice_made_for_this_reader_and_slb(reader, capl
     got = ae.from_gate({**META, "arg_evidence": section}, reader)
     assert (got.feature, got.alpha, got.tau, got.top_k, got.distinct) == ("req_min", 0.05, 0.1, 3, True)
     assert got.clip == ae.CLIP  # a section written before the clip was recorded reads with the old constant
+    assert got.enum_words is False  # ... and before enum words, without them
+    assert ae.from_gate({**META, "arg_evidence": {**section, "enum_words": True}}, reader).enum_words is True
+    assert ae.from_gate({**META, "arg_evidence": {**section, "enum_words": "yes"}}, reader).enum_words is False
     assert ae.from_gate({**META, "arg_evidence": {**section, "clip": 2.0}}, reader).clip == 2.0
     assert ae.is_current({**META, "arg_evidence": section}, reader)
     # a choice made reading every parameter is not the product's: calibrated again
