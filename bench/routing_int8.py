@@ -35,10 +35,6 @@ ARMS = ("fp32", "int8")
 QUANTILES = [x / 2 for x in range(201)]  # the latency CDF as written: every half percentile
 
 
-def pct(xs: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs, np.float64), q))
-
-
 def plot(report: dict, path: str) -> None:
     import matplotlib
 
@@ -46,24 +42,12 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    from services.evals.routing import draw_arms
+
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     sizes = list(report["pooled"]["fp32"])
-    width = 0.8 / len(ARMS)
-    for k, arm in enumerate(ARMS):
-        rows = [report["pooled"][arm][s] for s in sizes]
-        accs = [100 * r["accuracy"] for r in rows]
-        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
-               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
-        xs = [i + (k - (len(ARMS) - 1) / 2) * width for i in range(len(sizes))]
-        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
-        for x, a, r in zip(xs, accs, rows, strict=True):  # above the CI's whisker
-            ax.text(x, 100 * r["ci95"][1] + 0.2, f"{a:.2f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(sizes)), [f"N = {s}" for s in sizes])
-    ax.set_ylabel("held-out top-1 (%), bootstrap 95 % CI over lines")
-    ax.set_ylim(max(0, min(100 * report["pooled"][a][s]["ci95"][0] for a in ARMS for s in sizes) - 5), 101)
-    ax.set_title("routing accuracy, query encoder fp32 vs int8")
-    ax.legend(loc="lower left", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    draw_arms(ax, {arm: [report["pooled"][arm][s] for s in sizes] for arm in ARMS}, [f"N = {s}" for s in sizes],
+              "routing accuracy, query encoder fp32 vs int8", ci="bootstrap 95 % CI over lines")
     for arm in ARMS:
         lat = report["latency"][arm]
         bx.plot(report["route_ms_quantiles"][arm], np.asarray(QUANTILES) / 100,
@@ -157,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pooled, paired = pool_line_draws(hits, "fp32")
     for c in paired["int8"].values():
         c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
-    lat = {arm: {"p50": pct(v, 50), "p90": pct(v, 90), "p99": pct(v, 99), "n": len(v)} for arm, v in ms.items()}
+    lat = {arm: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90, 99)} | {"n": len(v)} for arm, v in ms.items()}
     lat["p50_ratio_fp32_over_int8"] = lat["fp32"]["p50"] / lat["int8"]["p50"]
     lat["p99_ratio_fp32_over_int8"] = lat["fp32"]["p99"] / lat["int8"]["p99"]
     report = {

@@ -117,6 +117,27 @@ def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False, 
         ap.add_argument("--draws", type=int, default=draws)
 
 
+def draw_arms(ax, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str,
+              ci: str = "Wilson 95 % CI") -> None:
+    """``plot_arms``'s bars on the axes ``ax`` (a panel of a larger figure)."""
+    width = 0.8 / len(arms)
+    for k, (arm, rows) in enumerate(arms.items()):
+        accs = [100 * r["accuracy"] for r in rows]
+        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
+               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
+        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(xlabels))]
+        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
+        for x, a, r in zip(xs, accs, rows, strict=True):  # above the CI's whisker
+            ax.text(x, 100 * r["ci95"][1] + 0.2, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(xlabels)), list(xlabels))
+    ax.set_ylabel(f"held-out top-1 (%), {ci}")
+    lo = min(100 * r["ci95"][0] for rows in arms.values() for r in rows)
+    ax.set_ylim(max(0, lo - 5), 101)
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+
+
 def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str,
               ci: str = "Wilson 95 % CI") -> None:
     """Grouped bars of held-out top-1 with their CIs (``ci`` names them): one bar per arm at each x (``arms[arm][i]`` holds
@@ -127,22 +148,7 @@ def plot_arms(path: str, arms: dict[str, list[dict[str, Any]]], xlabels: Sequenc
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    width = 0.8 / len(arms)
-    for k, (arm, rows) in enumerate(arms.items()):
-        accs = [100 * r["accuracy"] for r in rows]
-        err = [[a - 100 * r["ci95"][0] for a, r in zip(accs, rows, strict=True)],
-               [100 * r["ci95"][1] - a for a, r in zip(accs, rows, strict=True)]]
-        xs = [i + (k - (len(arms) - 1) / 2) * width for i in range(len(xlabels))]
-        ax.bar(xs, accs, width, yerr=err, capsize=3, label=arm)
-        for x, a in zip(xs, accs, strict=True):
-            ax.text(x, a + 0.3, f"{a:.1f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(xlabels)), list(xlabels))
-    ax.set_ylabel(f"held-out top-1 (%), {ci}")
-    lo = min(100 * r["ci95"][0] for rows in arms.values() for r in rows)
-    ax.set_ylim(max(0, lo - 5), 100)
-    ax.set_title(title)
-    ax.legend(loc="lower left", fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
+    draw_arms(ax, arms, xlabels, title, ci)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
