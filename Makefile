@@ -125,7 +125,7 @@ stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the 
 
 bench: native models  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice, Route over gRPC)
 	$(PY) bench/native_bench.py
-	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms model,int8 \
+	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms fp32,int8 \
 		--json reports/routing_grpc_int8.json
 
 # Reliability (issue #8). The sanitizer build is a separate copy of the native module (build/native-asan/pkg),

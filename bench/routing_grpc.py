@@ -12,8 +12,9 @@ latency distributions. Arms (``--arms``): ``model`` (the gate model as the route
 at its validation-chosen weight), ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
 over 338 rows instead of ~5,000), ``staged`` (the model with its argument-evidence stage on,
 ``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader), ``late`` (the stage on with the late reader
-at ``--late-reader``, services/router/late_reader.py, and the calibration it carries) and ``int8`` (the model with its
-INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``; its held-out cost: bench/routing_int8.py). Latency only: the production gate model trained on
+at ``--late-reader``, services/router/late_reader.py, and the calibration it carries) ``int8`` (the model with its
+INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``: the default, so ``model`` too) and ``fp32`` (its fp32
+graph, the torch vectors; the held-out comparison of the two: bench/routing_int8.py). Latency only: the production gate model trained on
 train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
 gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
@@ -34,7 +35,7 @@ from pathlib import Path
 # arm -> extra router environment
 ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},
         "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
-        "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}}
+        "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}, "fp32": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}}
 
 
 def free_port() -> int:
@@ -81,11 +82,10 @@ def wait_serving(ch, proc, log_path: Path, timeout_s: float = 300) -> None:
 
 
 def summarize(rtt: list[float], server_ms: list[float], esc: list[bool], log_text: str, env: dict[str, str]) -> dict:
-    # the router logs (WARNING and up) when a single request falls back to torch, or from int8 to fp32
+    # the router logs (WARNING and up) when a single request falls back to torch, and which graph it loaded (INFO)
     backend = "torch" if "embedded with torch" in log_text or "onnxruntime is not installed" in log_text \
         else "onnxruntime"
-    if backend == "onnxruntime" and env.get("NEXUS_ROUTER_QUERY_ENCODER_PRECISION") == "int8" \
-            and "no INT8 query encoder" not in log_text:
+    if backend == "onnxruntime" and "query encoder: onnxruntime int8" in log_text:
         backend = "onnxruntime-int8"
     return {
         "query_encoder_backend": backend, "n_requests": len(rtt),

@@ -2,14 +2,17 @@
 
     nice -n 19 .venv/bin/python bench/routing_int8.py --json reports/routing_int8.json
 
-Each fold's gate model (the evaluation's, trained once and cached under ``--models-root``) is opened twice as the
-product opens it, in process: ``query_encoder_precision = fp32`` (the ONNX graph whose vectors are the torch
-vectors) and ``int8`` (its dynamic per-channel quantization, ``services/router/onnx_encoder.quantize``; the SLB's
-keys stay as trained). Every held-out line of the fold is routed by both arms, interleaved line by line with the
-arm order alternating, over every size and ``--draws`` draws of distractors (the evaluation's registries; the stage
-off, as the product ships). Written: held-out top-1 per size pooled over lines x draws (bootstrap CI over lines),
-the (line, draw) pairs int8 fixed and broke with an exact sign test, per-fold top-1, the router's own
-``route_ms`` percentiles per arm (embedding + scan; one thread) and their ratio, and a PNG.
+Each fold's gate model (the evaluation's, trained once and cached under ``--models-root``) is opened as the product
+opens it, in process, in three arms: ``fp32`` (``query_encoder_precision = fp32``: the ONNX graph whose vectors are
+the torch vectors), ``int8`` (the product's INT8 graph, ``services/router/onnx_encoder.quantize``: dynamic
+per-channel quantization of a SmoothQuant-smoothed copy of the encoder, calibrated on the model's exemplar requests)
+and ``int8-plain`` (the same quantization without the smoothing, §27's graph, made here in a temporary copy of the
+model). The SLB's keys stay as trained. Every held-out line of the fold is routed by every arm, interleaved line by
+line with the arm order rotating, over every size and ``--draws`` draws of distractors (the evaluation's
+registries; the stage off, as the product ships). Written: held-out top-1 per size pooled over lines x draws
+(bootstrap CI over lines), the (line, draw) pairs each INT8 arm fixed and broke against fp32 (and int8 against
+int8-plain) with an exact sign test, per-fold top-1, the router's own ``route_ms`` percentiles per arm (embedding +
+scan; one thread) and their ratios, and a PNG.
 """
 
 from __future__ import annotations
@@ -31,8 +34,27 @@ from routing_fold_reports import sign_test  # noqa: E402
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
-ARMS = ("fp32", "int8")
+ARMS = ("fp32", "int8", "int8-plain")
+PRECISION = {"fp32": "fp32", "int8": "int8", "int8-plain": "int8"}
 QUANTILES = [x / 2 for x in range(201)]  # the latency CDF as written: every half percentile
+
+
+def plain_copy(gate: Path, dst: Path) -> Path:
+    """A copy of the gate model ``gate`` at ``dst`` (links, but for its INT8 graph) whose INT8 graph is the plain
+    dynamic quantization of its fp32 export: no smoothing (§27)."""
+    from services.router.onnx_encoder import ONNX_FILE, quantize
+
+    dst.mkdir(parents=True)
+    for item in gate.iterdir():
+        if item.name != "query_encoder":
+            (dst / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
+    (dst / "query_encoder" / ONNX_FILE.parent).mkdir(parents=True)
+    for item in (gate / "query_encoder").iterdir():
+        if item.name != ONNX_FILE.parent.name:
+            (dst / "query_encoder" / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
+    (dst / "query_encoder" / ONNX_FILE).symlink_to((gate / "query_encoder" / ONNX_FILE).resolve())
+    quantize(dst / "query_encoder")
+    return dst
 
 
 def plot(report: dict, path: str) -> None:
@@ -47,7 +69,7 @@ def plot(report: dict, path: str) -> None:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     sizes = list(report["pooled"]["fp32"])
     draw_arms(ax, {arm: [report["pooled"][arm][s] for s in sizes] for arm in ARMS}, [f"N = {s}" for s in sizes],
-              "routing accuracy, query encoder fp32 vs int8", ci="bootstrap 95 % CI over lines")
+              "routing accuracy by query encoder", ci="bootstrap 95 % CI over lines")
     for arm in ARMS:
         lat = report["latency"][arm]
         bx.plot(report["route_ms_quantiles"][arm], np.asarray(QUANTILES) / 100,
@@ -58,7 +80,7 @@ def plot(report: dict, path: str) -> None:
     bx.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     bx.set_xlabel("route_ms in process (embedding + SLB scan), log scale")
     bx.set_ylabel("fraction of routes")
-    bx.set_title(f"route latency, {report['latency']['p50_ratio_fp32_over_int8']:.2f}x at p50")
+    bx.set_title(f"route latency: int8 {report['latency']['p50_ratio_fp32_over_int8']:.2f}x faster at p50")
     bx.legend(loc="lower right", fontsize=8)
     bx.grid(alpha=0.3)
     fig.tight_layout()
@@ -95,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_report,
     )
     from services.evals.routing_models import fold_models
+    from services.router.onnx_encoder import INT8_METHOD, int8_method
     from services.router.training import GateHyperParams
 
     t0 = time.time()
@@ -117,15 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = LocalStore(tmp)
         store.registry_put(list(proto.registry.tools))
         for f in folds:
-            routers = {arm: _open_router(store, embedder, dirs[f], precision=arm) for arm in ARMS}
+            if int8_method(Path(dirs[f]) / "query_encoder") != INT8_METHOD:
+                raise RuntimeError(f"fold {f} ({dirs[f]}): its INT8 graph is not smoothed ({INT8_METHOD}); run "
+                                   "`make models` (or `nexus train-gate` on its data) to write it")
+            arm_dirs = {"fp32": dirs[f], "int8": dirs[f], "int8-plain": plain_copy(Path(dirs[f]), Path(tmp) / str(f))}
+            routers = {arm: _open_router(store, embedder, arm_dirs[arm], precision=PRECISION[arm]) for arm in ARMS}
             got = {arm: getattr(routers[arm].gate.onnx, "precision", None) for arm in ARMS}
-            if got != {arm: arm for arm in ARMS}:
+            if got != PRECISION:
                 raise RuntimeError(f"fold {f} ({dirs[f]}): the arms embed at {got}; run `make models` (or "
                                    "`nexus train-gate`) to write the INT8 graph")
             idxs = [i for i, g in enumerate(proto.fold_of) if g == f][: a.limit or None]
             fold_hits = {arm: {s: [] for s in proto.sizes} for arm in ARMS}
             for j, i in enumerate(tqdm(idxs, desc=f"fold {f}", file=sys.stderr)):
-                for arm in (ARMS if j % 2 == 0 else ARMS[::-1]):
+                for arm in ARMS[j % len(ARMS):] + ARMS[:j % len(ARMS)]:
                     for (s, d), recs in route_lines(routers[arm], proto.lines, regs, [i]).items():
                         r = recs[0]
                         hits[arm][s][f"{r['id']}#{d}"] = r["correct"]
@@ -139,11 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             for arm in ARMS), flush=True)
             del routers
     pooled, paired = pool_line_draws(hits, "fp32")
-    for c in paired["int8"].values():
-        c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
+    paired["int8_vs_int8-plain"] = pool_line_draws({k: hits[k] for k in ("int8-plain", "int8")}, "int8-plain")[1]["int8"]
+    for by_size in paired.values():
+        for c in by_size.values():
+            c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
     lat = {arm: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90, 99)} | {"n": len(v)} for arm, v in ms.items()}
-    lat["p50_ratio_fp32_over_int8"] = lat["fp32"]["p50"] / lat["int8"]["p50"]
-    lat["p99_ratio_fp32_over_int8"] = lat["fp32"]["p99"] / lat["int8"]["p99"]
+    for arm in ARMS[1:]:
+        lat[f"p50_ratio_fp32_over_{arm}"] = lat["fp32"]["p50"] / lat[arm]["p50"]
+        lat[f"p99_ratio_fp32_over_{arm}"] = lat["fp32"]["p99"] / lat[arm]["p99"]
     report = {
         "bench": "bench/routing_int8.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
         "interleaved": "line by line, arm order alternating", "threads": 1, "cpus": os.cpu_count(),

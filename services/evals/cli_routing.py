@@ -103,6 +103,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--augment", default=_checkout_data("routing_augment"),
                    help="fit-only training lines: a JSONL file or a directory of them (default: data/routing_augment "
                         "of this checkout; '' = none)")
+    p.add_argument("--precision", choices=("int8", "fp32"), default=None,
+                   help="the query encoder's graph (default: the router's, query_encoder_precision)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_calibration_arg(p)
     _add_slots_arg(p, "each fold model's second stage is calibrated for and routes with (the router's "
@@ -119,7 +121,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
                        concat_from=args.concat_from, augment=args.augment, calibration=args.calibration,
-                       draws=args.draws, slots=args.slots)
+                       draws=args.draws, slots=args.slots, precision=args.precision)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],

@@ -484,8 +484,12 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
-             augment: str = "", calibration: str = "", draws: int = 1, slots: str = "") -> dict[str, Any]:
+             augment: str = "", calibration: str = "", draws: int = 1, slots: str = "",
+             precision: str | None = None) -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
+    from services.router.config import RouterConfig
+
+    precision = precision or RouterConfig.query_encoder_precision  # the product's graph unless asked otherwise
 
     prepare_training_env()
     from tqdm import tqdm
@@ -523,7 +527,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
         fold_meta = []
         with tqdm(total=len(lines), desc="routing (held-out folds)", disable=not progress) as bar:
             for f, gdir in enumerate(fold_dirs):
-                router = _open_router(store, embedder, gdir, exemplar_weight=exemplar_weight, slots=slots)
+                router = _open_router(store, embedder, gdir, exemplar_weight=exemplar_weight, slots=slots,
+                                      precision=precision)
                 if router.gate is None:
                     raise RuntimeError(f"gate model {gdir} did not load")
                 idxs = [i for i, g in enumerate(fold_of) if g == f]
@@ -531,6 +536,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                     records[k].extend(recs)
                 meta = router.gate.info.meta
                 fold_meta.append({"fold": f, "model": str(gdir), "n_eval": len(idxs), "n_fit": meta["n_fit"],
+                                  "query_encoder": getattr(router.gate.onnx, "precision", "torch"),
                                   "n_val": meta["n_val"], "tau": meta["tau"], "alpha": meta["alpha"],
                                   "val_gated_accuracy": meta["val_gated_accuracy"],
                                   "val_escalation_rate": meta["val_escalation_rate"],
@@ -551,7 +557,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
         generalization = None
         if hold_dir is not None:
-            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight)
+            router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight, precision=precision)
             idxs = [i for i, ln in enumerate(lines) if registry.server_of[ln.tool] == holdout_server]
             held = route_lines(router, lines, all_regs, idxs)
             in_dist = {s: summarize_draws(by_draw(records, s, lambda r: registry.server_of[r["tool"]] == holdout_server),
@@ -580,6 +586,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             "n_lines": len(lines), "n_tools": len(registry.tools),
             "equivalence_groups_count_as_correct": True,
             "hyperparams": asdict(hp),
+            "query_encoder_precision": precision,
             "exemplar_weight": exemplar_weight if exemplar_weight >= 0 else "each model's validation-chosen weight "
                                                                             "(folds[].slb.exemplar_weight)",
             "augment": {"source": str(augment), "n_lines": len(extra),

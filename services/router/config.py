@@ -46,10 +46,11 @@ class RouterConfig(TransportSecurity):
     late_reader_dir: str = ""
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
-    # The query encoder's single-request graph: "fp32" (the torch vectors) or "int8" (its dynamic quantization,
-    # written beside it by training: Route ~1.7x faster in process, held-out top-1 at N = 250 -0.6 points;
-    # reports/routing_experiments.md §27). A late reader embeds with its own fp32 graph either way.
-    query_encoder_precision: str = "fp32"
+    # The query encoder's single-request graph: "int8" (the default: the dynamic quantization of a smoothed copy,
+    # written beside it by training; Route ~1.6x faster in process, held-out top-1 at N = 250 91.09 % against 90.96 %
+    # at fp32, 19 fixed / 15 broken; reports/routing_experiments.md §29) or "fp32" (the torch vectors). A late
+    # reader embeds with its own fp32 graph either way.
+    query_encoder_precision: str = "int8"
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the
     # gate model chose on its validation + calibration lines (slb.exemplar_weight in gate.json, pooled at its
     # slb.exemplar_temperature), 0 = text keys only.

@@ -1,19 +1,23 @@
-"""The query encoder's single-request path on onnxruntime: the same vector as the torch forward pass (fp32), in
-about half the time (bench/embed_latency.py); or, opted into, its INT8 quantization: ~1.7x faster again for about
-0.6 points of held-out top-1 at N = 250 (bench/routing_int8.py, reports/routing_experiments.md §27).
+"""The query encoder's single-request path on onnxruntime: its INT8 quantization (the router's default), ~1.6x
+faster than the fp32 graph with the same held-out top-1 within noise (bench/routing_int8.py,
+reports/routing_experiments.md §29), or the fp32 graph, the same vector as the torch forward pass in about half its
+time (bench/embed_latency.py).
 
 Layout: ``query_encoder/onnx/sentence_embedding.onnx`` beside the sentence-transformers files, written by
-training (``export``), and ``sentence_embedding.int8.onnx`` beside it (``quantize``: dynamic, per-channel signed
-int8 weights of every MatMul). The graph is transformer + masked mean pooling + L2 normalization, so its output is
-the vector the router scores with. Inputs are int64 ``(batch, seq)``, both axes dynamic.
+training (``export``), and ``sentence_embedding.int8.onnx`` beside it (``quantize``: a SmoothQuant-smoothed copy of
+the encoder, calibrated on the model's exemplar requests, then dynamic quantization with per-channel signed int8
+weights of every MatMul; without the smoothing, top-1 at N = 250 fell 0.66 points, §27). The graph is transformer
++ masked mean pooling + L2 normalization, so its output is the vector the router scores with. Inputs are int64
+``(batch, seq)``, both axes dynamic.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +37,14 @@ MIN_COSINE = 0.9999
 # The INT8 graph moves vectors (probe cosine ~0.99 on the gate models, 0.97 at worst over their exemplars); a
 # stale or foreign file lands far lower.
 MIN_COSINE_INT8 = 0.95
+# The INT8 graph is quantized from a smoothed copy of the encoder (``smoothed``): alpha chosen by the vectors'
+# cosine to fp32 on data/routing_calibration, never on the held-out lines (0.85 of 0.5-0.95 on fold 0's model; the
+# error 1 - cos halves, 0.011 -> 0.0055). Training re-quantizes an unrecorded graph, and an INT8_PLAIN one (made
+# without calibration texts) once the model has its exemplars.
+SMOOTH_ALPHA = 0.85
+INT8_METHOD = "smoothquant-v1"
+INT8_PLAIN = "plain"
+SHARED = "__shared__"  # activation_ranges' key for the groups of Linears that read one tensor
 
 
 def onnx_path(encoder_dir: str | Path, precision: str = "fp32") -> Path:
@@ -41,10 +53,15 @@ def onnx_path(encoder_dir: str | Path, precision: str = "fp32") -> Path:
     return Path(encoder_dir) / (ONNX_FILE if precision == "fp32" else INT8_FILE)
 
 
-def quantize(encoder_dir: str | Path) -> Path:
-    """Write the INT8 graph of ``encoder_dir``'s fp32 export atomically: onnxruntime's pre-processing (graph
-    optimization, shape inference), then dynamic quantization with per-channel signed int8 weights (per-tensor
-    unsigned weights lost ~0.5 points more; reports/routing_experiments.md §27). Deterministic for a given export."""
+def quantize(encoder_dir: str | Path, transformer=None, tokenizer=None, texts: Sequence[str] = (),
+             max_len: int = 128, alpha: float = SMOOTH_ALPHA) -> Path:
+    """Write the INT8 graph of ``encoder_dir``'s encoder atomically. With ``transformer`` (the torch model the fp32
+    export was made from) and calibration ``texts`` (the requests it trained on), the graph is exported from a
+    smoothed copy first (``smoothed``: exact at fp32), which halves the quantization error of the vectors;
+    without, from the fp32 export as it is. Then onnxruntime's pre-processing (graph optimization, shape inference)
+    and dynamic quantization with per-channel signed int8 weights (per-tensor unsigned weights lost ~0.5 points
+    more; reports/routing_experiments.md §27). The method is recorded in the graph's metadata (``int8_method``).
+    Deterministic for given weights and texts."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -52,18 +69,125 @@ def quantize(encoder_dir: str | Path) -> Path:
     if not src.is_file():
         raise FileNotFoundError(f"no fp32 ONNX export at {src} to quantize")
     out = onnx_path(encoder_dir, "int8")
-    pre = out.with_name(f".{out.name}.{os.getpid()}.pre.tmp")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    stem = out.with_name(f".{out.name}.{os.getpid()}")
+    smooth_dir, pre, tmp = Path(f"{stem}.smooth"), Path(f"{stem}.pre.tmp"), Path(f"{stem}.tmp")
+    method = {"method": INT8_PLAIN}
     try:
+        if transformer is not None and tokenizer is not None and len(texts):
+            ranges = activation_ranges(transformer, tokenizer, texts, max_len)
+            src = export(smoothed(transformer, ranges, alpha), tokenizer, smooth_dir)
+            method = {"method": INT8_METHOD, "alpha": f"{alpha:g}", "texts": str(len(texts))}
         # symbolic shape inference does not complete on the exported attention-mask graph; onnx's does
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
         quantize_dynamic(str(pre), str(tmp), per_channel=True, weight_type=QuantType.QInt8)
+        _set_metadata(tmp, {f"nexus_int8_{k}": v for k, v in method.items()})
         os.replace(tmp, out)
     finally:
         pre.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
-    log.info("query encoder quantized to %s", out)
+        shutil.rmtree(smooth_dir, ignore_errors=True)
+    log.info("query encoder quantized to %s (%s)", out, ", ".join(f"{k} {v}" for k, v in method.items()))
     return out
+
+
+def int8_method(encoder_dir: str | Path) -> str | None:
+    """How the INT8 graph of ``encoder_dir`` was made (``INT8_METHOD``, ``INT8_PLAIN``, or "" for a graph from
+    before the record), None without one. Training's cached path re-quantizes a graph not of ``INT8_METHOD``."""
+    path = onnx_path(encoder_dir, "int8")
+    if not path.is_file():
+        return None
+    import onnx
+
+    try:
+        props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    except Exception:  # a corrupt file: as good as one of unknown making
+        return ""
+    return props.get("nexus_int8_method", "")
+
+
+def _set_metadata(path: Path, props: dict[str, str]) -> None:
+    import onnx
+
+    model = onnx.load(str(path))
+    for k, v in props.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(path))
+
+
+def activation_ranges(transformer, tokenizer, texts: Sequence[str], max_len: int) -> dict[str, Any]:
+    """Per input channel, the largest |activation| each ``nn.Linear`` of ``transformer`` reads over ``texts``
+    (one request at a time, as the router runs them: texts of one token length are batched, never padded), and under
+    ``SHARED`` the groups of Linears that read one tensor (a layer's query, key and value)."""
+    import torch
+
+    enc = tokenizer(list(texts), truncation=True, max_length=max_len)
+    names = [n for n in INPUT_ORDER if n in enc]
+    by_len: dict[int, list[int]] = {}
+    for i, seq in enumerate(enc["input_ids"]):
+        by_len.setdefault(len(seq), []).append(i)
+    ranges: dict[str, Any] = {}
+    inputs: dict[str, Any] = {}  # the first batch's input tensor of each Linear, held: no address is reused
+    hooks = []
+    for name, mod in transformer.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            def seen(m, args, name=name):
+                inputs.setdefault(name, args[0])
+                x = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0)
+                ranges[name] = torch.maximum(ranges[name], x) if name in ranges else x
+            hooks.append(mod.register_forward_pre_hook(seen))
+    was_training = transformer.training
+    transformer.eval()
+    try:
+        with torch.inference_mode():
+            for n, idx in sorted(by_len.items()):
+                for b in range(0, len(idx), 64):
+                    transformer(**{k: torch.tensor([enc[k][i] for i in idx[b:b + 64]], dtype=torch.int64)
+                                   for k in names})
+    finally:
+        for h in hooks:
+            h.remove()
+        transformer.train(was_training)
+    groups: dict[int, list[str]] = {}
+    for name, x in inputs.items():
+        groups.setdefault(id(x), []).append(name)
+    ranges[SHARED] = [g for g in groups.values() if len(g) > 1]
+    return ranges
+
+
+def smoothed(transformer, ranges: dict[str, Any], alpha: float = SMOOTH_ALPHA):
+    """A copy of ``transformer`` whose every measured ``nn.Linear`` reads ``x / s`` with weights ``W * s``
+    (SmoothQuant, Xiao et al. 2023): the same function at fp32, but an activation's outlier channels move into
+    the weights, which are quantized per channel, so the per-tensor dynamic quantization of the activations keeps
+    more of the other channels. ``s_j = max|x_j|^alpha / max|W_:j|^(1 - alpha)``, one ``s`` per activation: the
+    Linears that read one tensor (``ranges[SHARED]``) take the max of their weights."""
+    import copy
+
+    import torch
+
+    class Smoothed(torch.nn.Module):
+        def __init__(self, linear, s):
+            super().__init__()
+            self.linear = linear
+            self.register_buffer("inv_s", (1.0 / s).to(linear.weight.dtype))
+
+        def forward(self, x):
+            return self.linear(x * self.inv_s)
+
+    model = copy.deepcopy(transformer)
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n in ranges}
+    shared = [g for g in ranges.get(SHARED, []) if all(n in linears for n in g)]
+    grouped = {n for g in shared for n in g}
+    for group in shared + [[n] for n in linears if n not in grouped]:
+        a = torch.stack([ranges[n] for n in group]).amax(0).clamp(min=1e-5)
+        w = torch.stack([linears[n].weight.detach().abs().amax(0) for n in group]).amax(0).clamp(min=1e-5)
+        s = (a ** alpha / w ** (1 - alpha)).clamp(min=1e-5)
+        for name in group:
+            mod = linears[name]
+            with torch.no_grad():
+                mod.weight.mul_(s[None, :])
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, Smoothed(mod, s))
+    return model
 
 
 def export(transformer, tokenizer, encoder_dir: str | Path) -> Path:

@@ -174,8 +174,8 @@ class Router:
                                                         "top_k": ae.top_k, "reader": path, "clip": ae.clip,
                                                         "enum_words": ae.enum_words})
             if self.config.query_encoder_precision != "fp32":
-                log.warning("query_encoder_precision=%s is not used with a late reader: requests are embedded by "
-                            "the reader's fp32 graph", self.config.query_encoder_precision)
+                log.info("query_encoder_precision=%s is not used with a late reader: requests are embedded by the "
+                         "reader's fp32 graph, which also gives the states it reads", self.config.query_encoder_precision)
         return ae
 
     def _exemplar_weight(self) -> float:

@@ -54,7 +54,7 @@ from services.router.gate import (
     set_threads,
 )
 from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
-from services.router.onnx_encoder import onnx_path
+from services.router.onnx_encoder import INT8_METHOD, int8_method, onnx_path
 from services.router.slb import SemanticIndex, pool_exemplars
 
 log = logging.getLogger("nexus.router.training")
@@ -739,8 +739,10 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
                 doc = _calibrate_existing(out, doc, examples, tools, hp, extra_examples, calib_examples)
             if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
                 export_query_onnx(out / "query_encoder")
-            elif not onnx_path(out / "query_encoder", "int8").is_file():  # ... or before its INT8 graph
-                quantize_query_onnx(out / "query_encoder")
+            else:  # ... or before its INT8 graph, or before it was smoothed (calibrated on the exemplars)
+                method = int8_method(out / "query_encoder")
+                if method is None or (method != INT8_METHOD and (out / "exemplars.jsonl").is_file()):
+                    quantize_query_onnx(out / "query_encoder")
             return doc
     t0 = time.time()
     fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)
@@ -814,7 +816,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         qenc.save(str(tmp / "query_encoder"))
-        export_query_onnx(tmp / "query_encoder", qenc)
+        export_query_onnx(tmp / "query_encoder", qenc, [e.text for e in exemplars])
         ce.save(str(tmp / "cross_encoder"))
         (tmp / "gate.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
         # the exemplar keys of the SLB (weight chosen on validation, slb.exemplar_weight): fit + extra requests

@@ -54,6 +54,6 @@ def test_config_is_frozen():
 def test_router_query_encoder_precision_is_checked():
     cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"})
     assert cfg.query_encoder_precision == "int8"
-    assert load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={}).query_encoder_precision == "fp32"
+    assert load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={}).query_encoder_precision == "int8"
     with pytest.raises(ConfigError, match="query_encoder_precision must be fp32 or int8, got 'fp16'"):
         load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp16"})

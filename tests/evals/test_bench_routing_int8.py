@@ -1,5 +1,6 @@
 """bench/routing_int8.py on the production gate model (the mechanics; its held-out figures need the fold models and
-are the bench's): both arms route every line at every size with the graph they name, the report pools them with the
+are the bench's): the three arms route every line at every size with the graph they name (the product's smoothed
+INT8 graph, and a plain one made in a temporary copy that leaves the model alone), the report pools them with the
 paired counts and latency percentiles, and the plot is written; bad flags are clear errors."""
 
 import json
@@ -18,23 +19,29 @@ def _run(tmp_path, *extra):
                            *extra], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
-def test_both_arms_route_every_line_with_their_graph(tmp_path):
-    if not (GATE / "query_encoder" / "onnx" / "sentence_embedding.int8.onnx").is_file():
-        pytest.fail("no INT8 query encoder in var/models/gate: run `make setup` (make models writes it)")
+def test_every_arm_routes_every_line_with_its_graph(tmp_path):
+    from services.router.onnx_encoder import INT8_METHOD, int8_method
+
+    if int8_method(GATE / "query_encoder") != INT8_METHOD:
+        pytest.fail("no smoothed INT8 query encoder in var/models/gate: run `make setup` (make models writes it)")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (GATE / "query_encoder" / "onnx").iterdir())
     out = _run(tmp_path, "--folds", "1", "--gates", str(GATE), "--limit", "5", "--draws", "2", "--sizes", "10,all")
     assert out.returncode == 0, out.stderr[-3000:]
     rep = json.loads((tmp_path / "q.json").read_text())
     assert rep["held_out"] is False and rep["models"] == {"1": str(GATE)}
-    assert set(rep["pooled"]) == {"fp32", "int8"} and set(rep["pooled"]["int8"]) == {"10", "all"}
-    for arm in ("fp32", "int8"):
+    assert set(rep["pooled"]) == {"fp32", "int8", "int8-plain"} and set(rep["pooled"]["int8"]) == {"10", "all"}
+    for arm in ("fp32", "int8", "int8-plain"):
         assert rep["latency"][arm]["n"] == 5 * 2 * 2  # lines x sizes x draws
         assert 0 < rep["latency"][arm]["p50"] <= rep["latency"][arm]["p99"]
         q = rep["route_ms_quantiles"][arm]
         assert len(q) == 201 and q == sorted(q) and q[100] == pytest.approx(rep["latency"][arm]["p50"], abs=1e-3)
         assert all(rep["pooled"][arm][s]["n"] == 5 for s in ("10", "all"))
         assert rep["per_fold"]["1"]["n"] == 5 and set(rep["per_fold"]["1"]["top1"][arm]) == {"10", "all"}
-    for c in rep["paired_vs_fp32"]["int8"].values():
-        assert c["fixed"] + c["broken"] <= 10 and 0 < c["sign_test_p"] <= 1
+    assert set(rep["paired_vs_fp32"]) == {"int8", "int8-plain", "int8_vs_int8-plain"}
+    for by_size in rep["paired_vs_fp32"].values():
+        for c in by_size.values():
+            assert c["fixed"] + c["broken"] <= 10 and 0 < c["sign_test_p"] <= 1
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (GATE / "query_encoder" / "onnx").iterdir()) == before
     assert (tmp_path / "q.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -56,18 +56,18 @@ def test_the_late_arm_escalates_through_the_late_reader_over_grpc(tmp_path):
     assert rep["arm_env"]["late"]["NEXUS_ROUTER_LATE_READER_DIR"] == str(late)
 
 
-def test_the_int8_arm_embeds_with_the_int8_graph_over_grpc(tmp_path):
-    """A real router process started with NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8 loads the production model's INT8
-    graph (make setup writes it) and answers every request."""
-    out = _run(tmp_path, "--limit", "8", "--repeats", "1", "--arms", "model,int8")
+def test_the_default_embeds_with_the_int8_graph_and_fp32_is_an_arm_over_grpc(tmp_path):
+    """A real router process with the default config loads the production model's INT8 graph (make setup writes
+    it); NEXUS_ROUTER_QUERY_ENCODER_PRECISION=fp32 loads the fp32 one; both answer every request."""
+    out = _run(tmp_path, "--limit", "8", "--repeats", "1", "--arms", "model,fp32,int8")
     assert out.returncode == 0, out.stderr[-3000:]
     rep = json.loads((tmp_path / "rg.json").read_text())
     arms = rep["arms"]
-    assert arms["model"]["query_encoder_backend"] == "onnxruntime"
-    assert arms["int8"]["query_encoder_backend"] == "onnxruntime-int8"
-    assert arms["int8"]["n_requests"] == arms["model"]["n_requests"] == 8
-    assert arms["int8"]["exemplar_keys_loaded"] and not arms["int8"]["argument_evidence_loaded"]
-    assert rep["arm_env"]["int8"] == {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}
+    assert arms["model"]["query_encoder_backend"] == arms["int8"]["query_encoder_backend"] == "onnxruntime-int8"
+    assert arms["fp32"]["query_encoder_backend"] == "onnxruntime"
+    assert arms["int8"]["n_requests"] == arms["model"]["n_requests"] == arms["fp32"]["n_requests"] == 8
+    assert arms["model"]["exemplar_keys_loaded"] and not arms["model"]["argument_evidence_loaded"]
+    assert rep["arm_env"]["fp32"] == {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}
 
 
 def test_unknown_arm_is_a_clear_error(tmp_path):

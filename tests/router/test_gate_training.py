@@ -120,9 +120,9 @@ def test_cached_model_without_calibration_is_calibrated_in_place(tiny):
     assert _weights_digest(dst) == _weights_digest(tiny["gate"])  # not retrained
 
 
-def _router(store, embedder, gate_dir):
-    r = Router(RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir), native_scan=False), store,
-               embedder)
+def _router(store, embedder, gate_dir, precision="int8"):
+    r = Router(RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir), native_scan=False,
+                            query_encoder_precision=precision), store, embedder)
     asyncio.run(r.sync(force=True))
     return r
 
@@ -237,7 +237,7 @@ def test_the_calibrated_tool_bias_is_added_at_the_models_exemplar_weight_only(ti
 
 def test_a_gate_directory_scores_in_float_what_the_router_scans(tiny, embedder, tmp_path):
     """``routing_models.load_scorer``, the benches' float SLB of a gate directory (and so of a fold model): the
-    router's scores to INT8 noise, tool bias included; a request's own exemplar row can be left out."""
+    router's scores at fp32 to INT8 noise, tool bias included; a request's own exemplar row can be left out."""
     from dataclasses import fields
 
     from services.evals.routing_models import FoldModel, GateScorer, load_scorer
@@ -246,7 +246,7 @@ def test_a_gate_directory_scores_in_float_what_the_router_scans(tiny, embedder, 
     gate_dir = _with_tau(tiny, -1e9, exemplar_weight=0.75, exemplar_temperature=0.02, tool_bias=bias)
     store = LocalStore(tmp_path / "store")
     store.registry_put(tiny["tools"])
-    r = _router(store, embedder, gate_dir)
+    r = _router(store, embedder, gate_dir, precision="fp32")  # the benches' float SLB embeds with torch
     names = r.index.names()
     gs = load_scorer(gate_dir, names)
     assert (gs.w, gs.temp) == (0.75, 0.02) and np.allclose(gs.bias(names), [bias.get(n, 0.0) for n in names])

@@ -169,14 +169,14 @@ def test_the_router_escalates_through_the_late_reader(saved, tmp_path, all_tools
 
 def test_int8_is_not_used_with_a_late_reader(saved, tmp_path, all_tools, caplog):
     """The late reader's graph embeds every request (its states are what the head was trained on): an INT8 query
-    encoder asked for beside it is loaded but not used, and the router says so."""
+    encoder (the default) is loaded but not used, and the router says so."""
     k8s = [t for t in all_tools if t.name.startswith(("pods_", "namespaces_", "resources_"))]
     caplog.set_level(logging.INFO, logger="nexus.router")
     both = _router(tmp_path / "both", saved, k8s, precision="int8")
     assert both.gate.onnx.precision == "int8" and both.arg_evidence is not None
     assert any("query_encoder_precision=int8 is not used with a late reader" in r.getMessage()
-               for r in caplog.records if r.levelno == logging.WARNING)
-    fp32 = _router(tmp_path / "fp32", saved, k8s)
+               for r in caplog.records if r.levelno == logging.INFO)
+    fp32 = _router(tmp_path / "fp32", saved, k8s, precision="fp32")
     got, want = both.decide(TEXT, 4).slb_candidates[:4], fp32.decide(TEXT, 4).slb_candidates[:4]
     assert [n for n, _ in got] == [n for n, _ in want]
     assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)  # the same pass: the fp32 graph's
