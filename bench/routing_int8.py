@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -40,19 +41,12 @@ QUANTILES = [x / 2 for x in range(201)]  # the latency CDF as written: every hal
 
 
 def plain_copy(gate: Path, dst: Path) -> Path:
-    """A copy of the gate model ``gate`` at ``dst`` (links, but for its INT8 graph) whose INT8 graph is the plain
-    dynamic quantization of its fp32 export: no smoothing (§27)."""
-    from services.router.onnx_encoder import ONNX_FILE, quantize
+    """A copy of the gate model ``gate`` at ``dst`` (every file a link) whose INT8 graph is the plain dynamic
+    quantization of its fp32 export: no smoothing (§27). The model itself is left alone."""
+    from services.router.onnx_encoder import onnx_path, quantize
 
-    dst.mkdir(parents=True)
-    for item in gate.iterdir():
-        if item.name != "query_encoder":
-            (dst / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
-    (dst / "query_encoder" / ONNX_FILE.parent).mkdir(parents=True)
-    for item in (gate / "query_encoder").iterdir():
-        if item.name != ONNX_FILE.parent.name:
-            (dst / "query_encoder" / item.name).symlink_to(item.resolve(), target_is_directory=item.is_dir())
-    (dst / "query_encoder" / ONNX_FILE).symlink_to((gate / "query_encoder" / ONNX_FILE).resolve())
+    shutil.copytree(gate.resolve(), dst, copy_function=os.symlink)
+    onnx_path(dst / "query_encoder", "int8").unlink()  # the link only: quantize writes a file in its place
     quantize(dst / "query_encoder")
     return dst
 
