@@ -228,9 +228,9 @@ def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1,
 
 
 def route_lines(router, lines: Sequence[QueryLine], regs: dict[Any, list[list[str]]], idxs: Sequence[int],
-                progress=None) -> dict[Any, list[dict[str, Any]]]:
+                progress=None, candidates: bool = False) -> dict[Any, list[dict[str, Any]]]:
     """Route lines ``idxs`` over each registry set of ``regs`` (keyed by size, or by (size, draw)); one record per
-    (key, line)."""
+    (key, line), with the SLB's top 3 names under ``candidates`` when asked."""
     from services.router.router import routing_text
 
     names = router.index.names()
@@ -249,6 +249,8 @@ def route_lines(router, lines: Sequence[QueryLine], regs: dict[Any, list[list[st
                               "slb_top3": any(is_correct(n, ln.tool) for n in slb),
                               "escalated": d.escalated, "margin": d.margin, "route_ms": d.route_ms,
                               "slot": ln.slot, "multi_turn": bool(ln.history)})
+            if candidates:
+                out[size][-1]["candidates"] = slb
         if progress is not None:
             progress.update(1)
     return out
