@@ -17,17 +17,30 @@ def _run(tmp_path, *extra):
     return subprocess.run([sys.executable, str(REPO / "bench" / "routing_grpc.py"), "--tools",
                            str(SHARED / "data" / "mcp_tools"), "--queries", str(SHARED / "data" / "queries" / "train.jsonl"),
                            "--gate", str(GATE), "--json", str(tmp_path / "rg.json"), *extra],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+                          capture_output=True, text=True, timeout=900, cwd=REPO)
 
 
-def test_arms_run_side_by_side_over_grpc(tmp_path):
+@pytest.fixture(scope="module")
+def every_arm(tmp_path_factory):
+    """One run with every arm side by side (a router process each, started once for all the tests below). The late
+    arm's reader is calibrated to escalate everything (tau above any margin; untrained, the mechanics only)."""
+    from tests.router.test_late_reader import write_late_reader
+
     if not (GATE / "gate.json").is_file():
         pytest.fail("no gate model at var/models/gate: run `make setup` (it trains and links it)")
-    doc = json.loads((GATE / "gate.json").read_text())
-    out = _run(tmp_path, "--limit", "6", "--repeats", "2", "--arms", "model,text,staged")
+    tmp = tmp_path_factory.mktemp("routing-grpc")
+    late = write_late_reader(tmp / "late_reader", GATE, section={"feature": "req_min", "alpha": 1.0, "tau": 1e9,
+                                                                 "top_k": 4})
+    out = _run(tmp, "--limit", "6", "--repeats", "2", "--arms", "model,text,staged,fp32,int8,late",
+               "--late-reader", str(late))
     assert out.returncode == 0, out.stderr[-3000:]
-    rep = json.loads((tmp_path / "rg.json").read_text())
-    assert rep["registry_size"] == 338 and set(rep["arms"]) == {"model", "text", "staged"}
+    return json.loads((tmp / "rg.json").read_text()), late, tmp
+
+
+def test_arms_run_side_by_side_over_grpc(every_arm):
+    rep, _, tmp = every_arm
+    doc = json.loads((GATE / "gate.json").read_text())
+    assert rep["registry_size"] == 338 and set(rep["arms"]) == {"model", "text", "staged", "fp32", "int8", "late"}
     for arm in rep["arms"].values():
         assert arm["n_requests"] == 12 and arm["rtt_ms_p50"] > 0 and arm["rtt_ms_p99"] >= arm["rtt_ms_p50"]
     assert rep["arms"]["model"]["exemplar_keys_loaded"] == (doc["slb"]["exemplar_weight"] > 0)
@@ -36,36 +49,27 @@ def test_arms_run_side_by_side_over_grpc(tmp_path):
     staged = (doc.get("arg_evidence") or {}).get("feature", "none") != "none" and doc["alpha"] <= 0
     assert rep["arms"]["staged"]["argument_evidence_loaded"] == staged and rep["arms"]["staged"]["exemplar_keys_loaded"]
     assert not rep["arms"]["model"]["argument_evidence_loaded"]
-    assert rep["p50_ratio_model_over_text"] > 0 and (tmp_path / "rg.png").stat().st_size > 10_000
+    assert rep["p50_ratio_model_over_text"] > 0 and (tmp / "rg.png").stat().st_size > 10_000
 
 
-def test_the_late_arm_escalates_through_the_late_reader_over_grpc(tmp_path):
-    """A late reader calibrated to escalate everything (tau above any margin; untrained, the mechanics only): the
-    real router process loads it and every Route goes through it."""
-    from tests.router.test_late_reader import write_late_reader
-
-    late = write_late_reader(tmp_path / "late_reader", GATE,
-                             section={"feature": "req_min", "alpha": 1.0, "tau": 1e9, "top_k": 4})
-    out = _run(tmp_path, "--limit", "6", "--repeats", "1", "--arms", "model,late", "--late-reader", str(late))
-    assert out.returncode == 0, out.stderr[-3000:]
-    rep = json.loads((tmp_path / "rg.json").read_text())
+def test_the_late_arm_escalates_through_the_late_reader_over_grpc(every_arm):
+    """The real router process loads the late reader and every Route goes through it."""
+    rep, late, _ = every_arm
     arms = rep["arms"]
     assert arms["late"]["argument_evidence_loaded"] and arms["late"]["escalation_rate"] == 1.0
-    assert arms["late"]["n_requests"] == arms["model"]["n_requests"] == 6
+    assert arms["late"]["n_requests"] == arms["model"]["n_requests"] == 12
     assert not arms["model"]["argument_evidence_loaded"] and arms["model"]["escalation_rate"] == 0.0
     assert rep["arm_env"]["late"]["NEXUS_ROUTER_LATE_READER_DIR"] == str(late)
 
 
-def test_the_default_embeds_with_the_int8_graph_and_fp32_is_an_arm_over_grpc(tmp_path):
+def test_the_default_embeds_with_the_int8_graph_and_fp32_is_an_arm_over_grpc(every_arm):
     """A real router process with the default config loads the production model's INT8 graph (make setup writes
     it); NEXUS_ROUTER_QUERY_ENCODER_PRECISION=fp32 loads the fp32 one; both answer every request."""
-    out = _run(tmp_path, "--limit", "8", "--repeats", "1", "--arms", "model,fp32,int8")
-    assert out.returncode == 0, out.stderr[-3000:]
-    rep = json.loads((tmp_path / "rg.json").read_text())
+    rep, _, _ = every_arm
     arms = rep["arms"]
     assert arms["model"]["query_encoder_backend"] == arms["int8"]["query_encoder_backend"] == "onnxruntime-int8"
     assert arms["fp32"]["query_encoder_backend"] == "onnxruntime"
-    assert arms["int8"]["n_requests"] == arms["model"]["n_requests"] == arms["fp32"]["n_requests"] == 8
+    assert arms["int8"]["n_requests"] == arms["model"]["n_requests"] == arms["fp32"]["n_requests"] == 12
     assert arms["model"]["exemplar_keys_loaded"] and not arms["model"]["argument_evidence_loaded"]
     assert rep["arm_env"]["fp32"] == {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}
 
