@@ -343,7 +343,7 @@ def test_the_router_escalates_near_ties_to_the_argument_evidence(tmp_path, reade
 
 def test_calibrating_a_real_gate_model_writes_a_current_section_once(tmp_path, reader, tools_dir):
     """``routing_models.calibrate_arg_evidence`` on a copy of the production gate model: a real router ranks the
-    model's validation lines + 120 calibration lines, the section lands in gate.json, a second call keeps it."""
+    model's validation lines + 40 calibration lines, the section lands in gate.json, a second call keeps it."""
     from services.evals.data import load_queries, load_registry
     from services.evals.routing_models import calibrate_arg_evidence, load_augment
     from tests.conftest import QUERIES, REPO
@@ -352,7 +352,7 @@ def test_calibrating_a_real_gate_model_writes_a_current_section_once(tmp_path, r
     meta = json.loads((gate_dir / "gate.json").read_text())
     del meta["arg_evidence"]
     (gate_dir / "gate.json").write_text(json.dumps(meta))
-    calibration = load_augment(REPO / "data" / "routing_calibration")[::11][:120]
+    calibration = load_augment(REPO / "data" / "routing_calibration")[::33][:40]
     registry = load_registry(tools_dir)
     section = calibrate_arg_evidence(gate_dir, load_queries(QUERIES), registry, calibration, SLOTS)
     doc = json.loads((gate_dir / "gate.json").read_text())
