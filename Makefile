@@ -158,6 +158,8 @@ eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --slots var/models/slots \
 		--holdout-server '' --no-concat --json reports/routing_staged.json
 	$(PY) bench/routing_int8.py --queries $(QUERIES) --tools $(TOOLS) --json reports/routing_int8.json
+	$(PY) bench/routing_errors.py --queries $(QUERIES) --tools $(TOOLS) --labels reports/routing_error_labels.json \
+		--json reports/routing_errors.json
 	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
 	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json
 	$(VENV)/bin/nexus eval ttft --json reports/splice_ttft.json
