@@ -137,6 +137,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["NEXUS_ROUTER_COMPILER_ADDR"] = f"127.0.0.1:{ports['compiler']}"
+    # the registration below compiles every tool's KV block while the engine and the router wait: the compiler
+    # takes the host's cores for it (1.7x per block on 2 cores; blocks are bit-identical at any thread count)
+    env.setdefault("NEXUS_COMPILER_KV_THREADS", str(min(os.cpu_count() or 1, 4)))
     procs: dict[str, subprocess.Popen] = {}
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,8 @@ class CompilerConfig(TransportSecurity):
     model_path: str = ""
     embedder_path: str = ""
     # Also compile each tool's KV block (.atb) with that model, for the engine's splice path (costs the
-    # model in memory and ~30 ms of decode per tool). kv_threads: llama.cpp threads for it.
+    # model in memory and ~230 ms of decode per tool on one core of this VM, ~140 ms on two; blocks are
+    # bit-identical at any thread count). kv_threads: llama.cpp threads for it (`nexus up`: the host's, up to 4).
     kv_blocks: bool = True
     kv_threads: int = 1
     # Prometheus /metrics HTTP port (0 disables the endpoint).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from nexus.v1 import compiler_pb2_grpc
 from services.common.embedder import Embedder
@@ -15,6 +16,8 @@ from services.compiler.config import CompilerConfig
 from services.compiler.servicer import CompilerServicer
 from services.compiler.tokenizer import load_tokenizer
 
+log = logging.getLogger("nexus.compiler")
+
 
 async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event | None = None) -> None:
     store = open_store(config.store_url)
@@ -25,6 +28,7 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
         from services.compiler.kvblock import BlockCompiler
 
         blocks = await asyncio.to_thread(BlockCompiler, config.model_path, n_threads=config.kv_threads)
+        log.info("KV blocks", extra={"model": blocks.model_path, "threads": config.kv_threads})
     compiler = Compiler(store, embedder, tokenize, blocks)
     metrics = Metrics("compiler")
 

@@ -139,7 +139,7 @@ def activation_ranges(transformer, tokenizer, texts: Sequence[str], max_len: int
     transformer.eval()
     try:
         with torch.inference_mode():
-            for n, idx in sorted(by_len.items()):
+            for _n, idx in sorted(by_len.items()):
                 for b in range(0, len(idx), 64):
                     transformer(**{k: torch.tensor([enc[k][i] for i in idx[b:b + 64]], dtype=torch.int64)
                                    for k in names})

@@ -41,20 +41,20 @@ def nexus_up(tmp_path_factory):
         proc.kill()
         raise AssertionError("nexus up did not come up in time")
     ports["metrics"] = mports
-    yield ports, "".join(banner), proc
+    yield ports, "".join(banner), proc, tmp / "log"
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
 
 
 def test_banner_prints_grpcurl_lines(nexus_up):
-    ports, banner, _ = nexus_up
+    ports, banner, _, _ = nexus_up
     assert f"127.0.0.1:{ports['router']} nexus.v1.RouterService/Route" in banner
     assert "nexus.v1.EngineService/Generate" in banner
 
 
 def test_full_registry_routes_and_generates(nexus_up, grpcurl):
-    ports, banner, _ = nexus_up
+    ports, banner, _, _ = nexus_up
     # Run the exact Route line the banner prints.
     route_line = next(ln for ln in banner.splitlines() if "RouterService/Route" in ln).strip()
     args = json.loads(route_line.split("-d '", 1)[1].split("'", 1)[0])
@@ -78,7 +78,7 @@ def test_full_registry_routes_and_generates(nexus_up, grpcurl):
 def test_prometheus_metrics_count_what_was_served(nexus_up):
     import urllib.request
 
-    ports, _, _ = nexus_up
+    ports, _, _, _ = nexus_up
     def scrape(svc):
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics'][svc]}/metrics", timeout=10) as r:
             return r.read().decode()
@@ -97,11 +97,23 @@ def test_prometheus_metrics_count_what_was_served(nexus_up):
     assert value(compiler, 'nexus_compiles_total{cached="false"}') >= 300
 
 
+def test_the_compiler_takes_the_hosts_cores_for_the_kv_blocks(nexus_up):
+    """`nexus up` compiles the whole registry before the banner: its compiler decodes with the host's cores (up to
+    4; NEXUS_COMPILER_KV_THREADS overrides it)."""
+    import os
+
+    _, _, _, log_dir = nexus_up
+    want = min(os.cpu_count() or 1, 4) if "NEXUS_COMPILER_KV_THREADS" not in os.environ else int(
+        os.environ["NEXUS_COMPILER_KV_THREADS"])
+    lines = [json.loads(ln) for ln in (log_dir / "compiler.log").read_text().splitlines() if ln.startswith("{")]
+    assert [ln["threads"] for ln in lines if ln.get("msg") == "KV blocks"] == [want]
+
+
 def test_sigint_stops_every_service(nexus_up):
     """Runs last: Ctrl-C stops the cluster gracefully and frees every port."""
     import socket
 
-    ports, _, proc = nexus_up
+    ports, _, proc, _ = nexus_up
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0

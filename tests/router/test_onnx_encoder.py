@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from services.common.models import default_embedder_path
-from services.router import training
-from services.router import onnx_encoder
+from services.router import onnx_encoder, training
 from services.router.gate import GATE_FORMAT, GateModel, exemplar_texts, export_query_onnx
 from services.router.onnx_encoder import INT8_METHOD, INT8_PLAIN, MIN_COSINE_INT8, int8_method, onnx_path
 
