@@ -11,7 +11,9 @@ evaluation's registries and its figures. For every size the report splits the wr
 * whether the line is multi-turn, and the target servers that make most of them;
 * whether the same (line, draw) was right at the smallest size (the fall that more distractors cause);
 
-and lists every line wrong at the largest size with its picks, the SLB's top 3 and its wrong draws per size.
+and lists every line wrong at the largest size with its picks, the SLB's top 3 and its wrong draws per size. It also
+bounds the margin gate's design (``oracle_stage``): if the 15 / 20 / 25 % of requests with the lowest SLB margins
+escalated to a perfect re-ranker of the top 3, how many errors it would see and could fix.
 
 ``--labels FILE`` (a JSON list of ``{"id", "verdict", "reason"}``, one per line id, optionally ``"pick"``: the tool
 the verdict was given against; a line whose picks no longer include it is marked ``labelled_pick``) adds a reader's verdict on each
@@ -64,6 +66,29 @@ def load_labels(path: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+ESCALATE = (0.15, 0.2, 0.25)  # the issue's escalation band and its middle
+
+
+def oracle_stage(rs: Sequence[dict[str, Any]], fractions: Sequence[float] = ESCALATE) -> dict[str, Any]:
+    """What a perfect second stage behind the margin gate could reach: for each fraction f, the requests whose SLB
+    margin is among the lowest f escalate (tau = the f-quantile of the margins), and an escalated request ends
+    right when its target is in the SLB's top 3 (the candidates the stage re-ranks). A ceiling for the gate's
+    design at that escalation rate, not a stage's figure."""
+    if not rs:
+        return {}
+    margins = np.array([np.inf if r["margin"] is None else r["margin"] for r in rs], float)
+    out = {}
+    for f in fractions:
+        tau = float(np.quantile(margins, f))
+        esc = margins < tau
+        wrong = [not r["correct"] for r in rs]
+        err_esc = sum(w and e for w, e in zip(wrong, esc, strict=True))
+        fixable = sum(w and e and r["slb_top3"] for w, e, r in zip(wrong, esc, rs, strict=True))
+        out[str(f)] = {"tau": tau, "escalated": float(esc.mean()), "errors_escalated": int(err_esc),
+                       "fixable": int(fixable), "accuracy": 1 - (sum(wrong) - fixable) / len(rs)}
+    return out
+
+
 def analyse(recs: dict[str, list[dict[str, Any]]], server_of: dict[str, str], labels: dict[str, dict[str, Any]]
             ) -> dict[str, Any]:
     """The report's figures from ``recs``: ``{size: [record]}`` with one record per (line, draw), the draw in
@@ -87,6 +112,7 @@ def analyse(recs: dict[str, list[dict[str, Any]]], server_of: dict[str, str], la
             f"right_at_{sizes[0]}": sum(first[(r["id"], r["draw"])] for r in wrong),
             "by_target_server": dict(Counter(server_of[r["tool"]] for r in wrong).most_common()),
         }
+        row["oracle_stage"] = oracle_stage(rs)
         if labels:
             per = Counter(labels.get(r["id"], {}).get("verdict", "unlabelled") for r in wrong)
             row["by_verdict"] = {v: per.get(v, 0) for v in VERDICTS}
@@ -153,6 +179,12 @@ def plot(report: dict, path: str) -> None:
         ax.set_title("wrong (line, draw) pairs by where the pick came from")
     for x, s in zip(xs, sizes, strict=True):
         ax.text(x, by[s]["errors"], f"{100 * by[s]['accuracy']:.1f} %", ha="center", va="bottom", fontsize=8)
+        o = by[s]["oracle_stage"].get("0.2")
+        if o:
+            left = by[s]["errors"] - o["fixable"]
+            ax.hlines(left, x - 0.3, x + 0.3, colors="k", linestyles="--",
+                      label="left by a perfect stage at 20 % escalation" if x == 0 else None)
+            ax.text(x + 0.32, left, f"{100 * o['accuracy']:.1f} %", va="center", fontsize=7)
     ax.set_ylim(0, 1.12 * max([by[s]["errors"] for s in sizes] + [1]))
     ax.set_xticks(xs, [f"N = {s}" for s in sizes])
     ax.set_ylabel(f"wrong of {by[sizes[-1]]['n']} (line, draw) pairs (label: accuracy)")

@@ -14,9 +14,9 @@ from tests.conftest import REPO, load_bench
 SERVER = {"a1": "a", "a2": "a", "a3": "a", "b1": "b"}
 
 
-def _rec(i, draw, tool, pred, multi=False):
+def _rec(i, draw, tool, pred, multi=False, margin=0.5, top3=True):
     return {"id": i, "draw": draw, "tool": tool, "pred": pred, "correct": pred == tool, "multi_turn": multi,
-            "candidates": [pred, tool, "b1"]}
+            "candidates": [pred, tool, "b1"], "margin": margin, "slb_top3": top3}
 
 
 def _records():
@@ -25,8 +25,8 @@ def _records():
     return {
         "10": [_rec("x", 0, "a1", "a2"), _rec("x", 1, "a1", "a1"), _rec("y", 0, "a3", "a3", True),
                _rec("y", 1, "a3", "a3", True)],
-        "250": [_rec("x", 0, "a1", "a2"), _rec("x", 1, "a1", "b1"), _rec("y", 0, "a3", "a3", True),
-                _rec("y", 1, "a3", "a1", True)],
+        "250": [_rec("x", 0, "a1", "a2", margin=0.01), _rec("x", 1, "a1", "b1", margin=0.5),
+                _rec("y", 0, "a3", "a3", True, margin=0.3), _rec("y", 1, "a3", "a1", True, margin=0.02, top3=False)],
     }
 
 
@@ -44,6 +44,17 @@ def test_errors_split_by_origin_turns_draws_and_verdicts():
     assert big["by_verdict"] == {"decidable": 2, "ambiguous": 0, "label_questionable": 0, "unlabelled": 1}
     assert big["accuracy_if_decidable_fixed"] == pytest.approx(0.75)
     assert "by_verdict" not in be.analyse(_records(), SERVER, {})["250"]
+
+
+def test_a_perfect_stage_fixes_the_low_margin_errors_whose_target_is_in_the_top_3():
+    be = load_bench("routing_errors")
+    o = be.oracle_stage(_records()["250"], (0.25, 0.5))
+    # margins 0.01 (x, wrong), 0.5 (x, wrong), 0.3 (y, right), 0.02 (y, wrong, target not in the top 3)
+    assert o["0.25"]["escalated"] == 0.25 and o["0.25"]["errors_escalated"] == 1 and o["0.25"]["fixable"] == 1
+    assert o["0.25"]["accuracy"] == 0.5
+    assert o["0.5"]["escalated"] == 0.5 and o["0.5"]["errors_escalated"] == 2 and o["0.5"]["fixable"] == 1
+    assert o["0.5"]["accuracy"] == 0.5
+    assert set(be.analyse(_records(), SERVER, {})["250"]["oracle_stage"]) == {"0.15", "0.2", "0.25"}
 
 
 def test_wrong_lines_list_picks_draws_and_a_verdict_given_against_another_pick():
