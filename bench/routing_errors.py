@@ -16,8 +16,8 @@ bounds the margin gate's design (``oracle_stage``): if the 15 / 20 / 25 % of req
 escalated to a perfect re-ranker of the top 3, how many errors it would see and could fix.
 
 ``--labels FILE`` (a JSON list of ``{"id", "verdict", "reason"}``, one per line id, optionally ``"pick"``: the tool
-the verdict was given against; a line whose picks no longer include it is marked ``labelled_pick``) adds a reader's verdict on each
-wrong line: ``decidable`` (the request or its history holds the detail that makes the label right), ``ambiguous``
+the verdict was given against; a line whose picks no longer include it is marked ``labelled_pick``) adds a reader's
+verdict on each wrong line: ``decidable`` (the request or its history holds the detail that makes the label right), ``ambiguous``
 (the pick would do as well) or ``label_questionable``. The report then counts errors per verdict at every size and
 the accuracy a router would have if it decided every ``decidable`` one (the ceiling the request allows under that
 reading). Lines wrong without a verdict are counted as ``unlabelled``. A PNG draws both.
@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
 VERDICTS = ("decidable", "ambiguous", "label_questionable", "unlabelled")
+ESCALATE = (0.15, 0.2, 0.25)  # the escalation band and its middle
 
 
 def load_labels(path: str) -> dict[str, dict[str, Any]]:
@@ -64,9 +65,6 @@ def load_labels(path: str) -> dict[str, dict[str, Any]]:
             raise SystemExit(f"--labels {path}: {row['id']} twice")
         out[row["id"]] = row
     return out
-
-
-ESCALATE = (0.15, 0.2, 0.25)  # the escalation band and its middle
 
 
 def oracle_stage(rs: Sequence[dict[str, Any]], fractions: Sequence[float] = ESCALATE) -> dict[str, Any]:
@@ -217,7 +215,7 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import add_protocol_args
+    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_protocol_args(ap, sizes="10,250", calibration=True, draws=3)
@@ -225,17 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="the query encoder's precision (default: the router's, RouterConfig)")
     ap.add_argument("--labels", default="", help="a reader's verdicts on wrong lines (see the module's doc)")
     ap.add_argument("--json", default="reports/routing_errors.json")
-    ap.add_argument("--limit", type=int, default=0, help="held-out lines per fold (0 = all; a quick look)")
-    ap.add_argument("--gates", default="", metavar="DIR[,DIR...]",
-                    help="gate models for --folds, in order, instead of the evaluation's cached fold models (the "
-                         "mechanics only: a model trained on a fold's lines does not score them held out)")
+    add_fold_model_args(ap)
     a = ap.parse_args(argv)
-    folds = [int(x) for x in a.folds.split(",") if x]
-    if not folds or any(f not in range(3) for f in folds):
-        ap.error(f"--folds: of 0, 1, 2 (the evaluation's three folds), got {a.folds!r}")
-    given = [g for g in a.gates.split(",") if g]
-    if given and len(given) != len(folds):
-        ap.error(f"--gates: {len(given)} model(s) for {len(folds)} fold(s)")
+    folds, given = checked_folds(ap, a)
     labels = load_labels(a.labels) if a.labels else {}
     prepare_training_env()
 
@@ -243,20 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.routing import _open_router, load_protocol, route_lines, write_report
-    from services.evals.routing_models import fold_models
+    from services.evals.routing import _open_router, fold_model_dirs, load_protocol, route_lines, write_report
     from services.router.config import RouterConfig
-    from services.router.training import GateHyperParams
 
     precision = a.precision or RouterConfig().query_encoder_precision
     t0 = time.time()
     proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
-    if given:
-        dirs = dict(zip(folds, given, strict=True))
-    else:
-        extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
-        dirs = dict(enumerate(fold_models(proto.lines, proto.fold_of, 3, proto.registry, GateHyperParams(seed=0),
-                                          a.models_root, extra=extra, calibration=calib)))
+    dirs = fold_model_dirs(a, proto, folds, given)
     regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
     recs: dict[str, list[dict[str, Any]]] = {s: [] for s in proto.sizes}
     embedder = Embedder("")

@@ -83,19 +83,14 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import add_protocol_args
+    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3)
     ap.add_argument("--json", default="reports/routing_int8.json")
-    ap.add_argument("--limit", type=int, default=0, help="held-out lines per fold (0 = all; a quick look)")
-    ap.add_argument("--gates", default="", metavar="DIR[,DIR...]",
-                    help="gate models for --folds, in order, instead of the evaluation's cached fold models (the "
-                         "mechanics only: a model trained on a fold's lines does not score them held out)")
+    add_fold_model_args(ap)
     a = ap.parse_args(argv)
-    folds = [int(x) for x in a.folds.split(",")]
-    if not folds or any(f not in range(3) for f in folds):
-        ap.error(f"--folds: of 0, 1, 2 (the evaluation's three folds), got {a.folds!r}")
+    folds, given = checked_folds(ap, a)
     prepare_training_env()
 
     from tqdm import tqdm
@@ -104,27 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.common.store import LocalStore
     from services.evals.routing import (
         _open_router,
+        fold_model_dirs,
         load_protocol,
         pool_line_draws,
         pooled_top1,
         route_lines,
         write_report,
     )
-    from services.evals.routing_models import fold_models
     from services.router.onnx_encoder import INT8_METHOD, int8_method
-    from services.router.training import GateHyperParams
 
     t0 = time.time()
     proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
-    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
-    if a.gates:
-        given = [g for g in a.gates.split(",") if g]
-        if len(given) != len(folds):
-            ap.error(f"--gates: {len(given)} model(s) for {len(folds)} fold(s)")
-        dirs = dict(zip(folds, given, strict=True))
-    else:
-        dirs = dict(enumerate(fold_models(proto.lines, proto.fold_of, 3, proto.registry, GateHyperParams(seed=0),
-                                          a.models_root, extra=extra, calibration=calib)))
+    dirs = fold_model_dirs(a, proto, folds, given)
     regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in ARMS}
     ms: dict[str, list[float]] = {arm: [] for arm in ARMS}
@@ -172,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": "bench/routing_int8.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
         "interleaved": "line by line, arm order alternating", "threads": 1, "cpus": os.cpu_count(),
         "load_avg_1m_at_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 1),
-        "held_out": not a.gates, "models": {str(f): str(d) for f, d in dirs.items()},
+        "held_out": not given, "models": {str(f): str(d) for f, d in dirs.items()},
         "pooled": pooled, "paired_vs_fp32": paired, "per_fold": per_fold, "latency": lat,
         "route_ms_quantiles": {arm: [round(float(x), 3) for x in np.percentile(v, QUANTILES)]
                                for arm, v in ms.items()},

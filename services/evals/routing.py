@@ -117,6 +117,40 @@ def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False, 
         ap.add_argument("--draws", type=int, default=draws)
 
 
+def add_fold_model_args(ap) -> None:
+    """``--limit`` and ``--gates``: the arguments of the benches that route the evaluation's held-out lines with its
+    fold models (``fold_model_dirs``)."""
+    ap.add_argument("--limit", type=int, default=0, help="held-out lines per fold (0 = all; a quick look)")
+    ap.add_argument("--gates", default="", metavar="DIR[,DIR...]",
+                    help="gate models for --folds, in order, instead of the evaluation's cached fold models (the "
+                         "mechanics only: a model trained on a fold's lines does not score them held out)")
+
+
+def checked_folds(ap, a) -> tuple[list[int], list[str]]:
+    """The folds of ``--folds`` (of the evaluation's three) and the models of ``--gates``, one per fold; a usage
+    error (exit 2) otherwise."""
+    folds = [int(x) for x in a.folds.split(",") if x]
+    if not folds or any(f not in range(3) for f in folds):
+        ap.error(f"--folds: of 0, 1, 2 (the evaluation's three folds), got {a.folds!r}")
+    given = [g for g in a.gates.split(",") if g]
+    if given and len(given) != len(folds):
+        ap.error(f"--gates: {len(given)} model(s) for {len(folds)} fold(s)")
+    return folds, given
+
+
+def fold_model_dirs(a, proto: Protocol, folds: Sequence[int], given: Sequence[str]) -> dict[int, str]:
+    """``{fold: gate model}``: the ``--gates`` models, else the evaluation's fold models (trained once and cached
+    under ``--models-root``, on the augment and calibration lines as ``nexus eval routing`` trains them)."""
+    from services.evals.routing_models import fold_models
+    from services.router.training import GateHyperParams
+
+    if given:
+        return dict(zip(folds, given, strict=True))
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
+    return dict(enumerate(fold_models(proto.lines, proto.fold_of, 3, proto.registry, GateHyperParams(seed=0),
+                                      a.models_root, extra=extra, calibration=calib)))
+
+
 def draw_arms(ax, arms: dict[str, list[dict[str, Any]]], xlabels: Sequence[str], title: str,
               ci: str = "Wilson 95 % CI") -> None:
     """``plot_arms``'s bars on the axes ``ax`` (a panel of a larger figure)."""
