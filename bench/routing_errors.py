@@ -75,11 +75,11 @@ def oracle_stage(rs: Sequence[dict[str, Any]], fractions: Sequence[float] = ESCA
     if not rs:
         return {}
     margins = np.array([np.inf if r["margin"] is None else r["margin"] for r in rs], float)
+    wrong = [not r["correct"] for r in rs]
     out = {}
     for f in fractions:
         tau = float(np.quantile(margins, f))
         esc = margins < tau
-        wrong = [not r["correct"] for r in rs]
         err_esc = sum(w and e for w, e in zip(wrong, esc, strict=True))
         fixable = sum(w and e and r["slb_top3"] for w, e, r in zip(wrong, esc, rs, strict=True))
         out[str(f)] = {"tau": tau, "escalated": float(esc.mean()), "errors_escalated": int(err_esc),
@@ -239,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     precision = a.precision or RouterConfig().query_encoder_precision
     t0 = time.time()
     proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
+    stale = sorted(set(labels) - {ln.id for ln in proto.lines})
+    if stale:  # before any model is trained or opened
+        raise SystemExit(f"--labels: ids not in {a.queries}: {', '.join(stale[:5])}")
     dirs = fold_model_dirs(a, proto, folds, given)
     regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
     recs: dict[str, list[dict[str, Any]]] = {s: [] for s in proto.sizes}
@@ -259,9 +262,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             del router
     if labels:
         wrong_ids = {r["id"] for rs in recs.values() for r in rs if not r["correct"]}
-        stale = sorted(set(labels) - {ln.id for ln in proto.lines})
-        if stale:
-            raise SystemExit(f"--labels: ids not in {a.queries}: {', '.join(stale[:5])}")
         missing = sorted(wrong_ids - set(labels))
         if missing:
             print(f"{len(missing)} wrong line(s) have no verdict (counted as unlabelled): {', '.join(missing[:10])}",
