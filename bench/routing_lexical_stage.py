@@ -19,7 +19,9 @@ the fold never holds out (``tau`` the q-th quantile of their margins):
   the augment rows only (so it has not seen them): lines written like the held-out ones.
 
 Held out: the fold's lines at each size over ``--draws`` draws (the evaluation's registries). The report also has
-the held-out top-1 over the whole grid at q = 0.2, k = 3 (``held_out_grid``): insight only, never used to choose.
+the held-out top-1 over the alpha grid at q = 0.2, k = 3 (``held_out_grid``), and a third arm chosen from it by
+nested cross-validation: each fold takes the alpha that gains most on the *other two* folds' held-out lines at the
+largest size (``nested_choice``), the errors unseen requests make, never its own.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ QUANTILES = (0.1, 0.2, 0.3, 0.5)
 ALPHAS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 TOP_K = (2, 3)
 RULES = ("choose", "fit-loo")
+NESTED = "lexical stage (nested: other folds' held-out)"
 
 
 class LexicalClassifier:
@@ -100,6 +103,19 @@ def choose(scores: np.ndarray, lex: np.ndarray, positives, names) -> dict[str, A
     return best
 
 
+def nested_choice(grid_hits: dict[int, dict[float, dict[str, dict[str, bool]]]], none: dict[str, dict[str, bool]],
+                  size: str) -> dict[int, float]:
+    """Per fold, the alpha of the held-out grid that gains most over ``none`` at ``size`` on the *other* folds'
+    held-out lines (ties: the smaller alpha): choosing on errors that unseen requests make, never on the fold's own."""
+    out = {}
+    for f in grid_hits:
+        def gain(al: float, f=f) -> int:
+            return sum(int(ok) - int(none[size][k]) for g, by in grid_hits.items() if g != f
+                       for k, ok in by[al][size].items())
+        out[f] = max(ALPHAS, key=lambda al: (gain(al), -al))
+    return out
+
+
 def plot(report: dict, path: str) -> None:
     import matplotlib
 
@@ -152,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     proto, names, pos = fb.proto, fb.names, fb.pos
     arms = ("none", *(f"lexical stage ({r})" for r in RULES))
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
+    # the held-out grid's picks per fold: {fold: {alpha: {size: {key: right}}}}, for the nested arm
+    grid_hits: dict[int, dict[float, dict[str, dict[str, bool]]]] = {}
     per_fold: dict[str, Any] = {}
     for f in [int(x) for x in a.folds.split(",")]:
         fm = fb.fold(f, a.models_root)
@@ -178,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hl = lex_all.logits([e.text for e in fm.held])
         tau_grid = float(np.quantile(margins(sets["choose"][0]), 0.2))
         grid = {s: {str(al): {"n": 0, "fixed": 0, "broken": 0} for al in ALPHAS} for s in proto.sizes}
+        gh = grid_hits[f] = {al: {s: {} for s in proto.sizes} for al in ALPHAS}
         for s in proto.sizes:
             for d, regs in enumerate(proto.draw_regs):
                 for r, i in enumerate(fm.idxs):
@@ -192,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             names[decide(sc, hl[r], c["tau"], c["alpha"], c["k"])] in fm.held[r].positives)
                     for al in ALPHAS:
                         ok = names[decide(sc, hl[r], tau_grid, al, 3)] in fm.held[r].positives
+                        gh[al][s][key] = ok
                         cell = grid[s][str(al)]
                         cell["n"] += 1
                         cell["fixed"] += ok and not ok0
@@ -201,6 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "held_out_grid": grid, "held_out_grid_tau": tau_grid}
         print(f"fold {f} held out at N = {proto.sizes[-1]}, alpha grid (fixed/broken): " + ", ".join(
             f"{al}: {v['fixed']}/{v['broken']}" for al, v in grid[proto.sizes[-1]].items()), flush=True)
+    nested = nested_choice(grid_hits, hits["none"], proto.sizes[-1])
+    hits[NESTED] = {s: {k: v for f, al in nested.items() for k, v in grid_hits[f][al][s].items()} for s in proto.sizes}
+    for f, al in nested.items():
+        per_fold[str(f)]["nested_alpha"] = al
+    print(f"nested: alpha per fold, chosen on the other folds' held-out lines at N = {proto.sizes[-1]}: {nested}")
     pooled, paired = pool_line_draws(hits, "none")
     report = {"folds": [int(x) for x in a.folds.split(",")], "draws": a.draws, "c": a.c,
               "grids": {"quantiles": list(QUANTILES), "alphas": list(ALPHAS), "top_k": list(TOP_K)},
