@@ -233,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "seconds": round(time.time() - t0, 1),
               "protocol": "the evaluation's folds and registries (seed 0, --draws draws); float SLB scores with the "
                           "model's tool bias; (q, alpha, k) chosen per fold on each choosing set; the classifier never "
-                          "saw a held-out line; held_out_grid is insight only"}
+                          "saw a held-out line; the nested arm takes each fold's alpha from the other folds' held_out_grid, "
+                          "never its own"}
     write_report(a.json, report, plot, echo=(pooled_top1(pooled), paired))
     return 0
 
