@@ -12,7 +12,8 @@ latency distributions. Arms (``--arms``): ``model`` (the gate model as the route
 at its validation-chosen weight), ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
 over 338 rows instead of ~5,000), ``staged`` (the model with its argument-evidence stage on,
 ``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader), ``late`` (the stage on with the late reader
-at ``--late-reader``, services/router/late_reader.py, and the calibration it carries) ``int8`` (the model with its
+at ``--late-reader``, services/router/late_reader.py, and the calibration it carries; at the default precision, int8,
+the reader's INT8 states graph embeds when it has one), ``late-fp32`` (the same at fp32), ``int8`` (the model with its
 INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``: the default, so ``model`` too) and ``fp32`` (its fp32
 graph, the torch vectors; the held-out comparison of the two: bench/routing_int8.py). Latency only: the production gate model trained on
 train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
@@ -35,6 +36,7 @@ from pathlib import Path
 # arm -> extra router environment
 ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},
         "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
+        "late-fp32": {"NEXUS_ROUTER_ARG_EVIDENCE": "true", "NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"},
         "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}, "fp32": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}}
 
 
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 logs[arm] = Path(tmp) / f"{arm}.log"
                 port = free_port()
                 env = ARMS[arm] | ({"NEXUS_ROUTER_LATE_READER_DIR": str(Path(args.late_reader).resolve())}
-                                   if arm == "late" else {})
+                                   if arm.startswith("late") else {})
                 procs[arm] = start_router(tmp, port, args.gate, args.threads, env, logs[arm], args.slots)
                 ch = grpc.insecure_channel(f"127.0.0.1:{port}")
                 wait_serving(ch, procs[arm], logs[arm])
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             rtt = {a: [] for a in arms}
             server_ms = {a: [] for a in arms}
             esc = {a: [] for a in arms}
+            picks: dict[str, list[str]] = {a: [] for a in arms}
             n_tools = {a: len(stubs[a].ListTools(router_pb2.ListToolsRequest(), timeout=30).tools) for a in arms}
             for rep_i in range(args.repeats):
                 for i, ln in enumerate(lines):
@@ -197,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                         rtt[arm].append((time.perf_counter() - t0) * 1e3)
                         server_ms[arm].append(resp.route_ms)
                         esc[arm].append(bool(resp.escalated))
+                        picks[arm].append(resp.tool)
         finally:
             for proc in procs.values():
                 proc.terminate()
@@ -208,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "registry_size": next(iter(n_tools.values())), "gate_model": str(args.gate), "torch_threads": args.threads,
         "n_lines": len(lines), "repeats": args.repeats, "interleaved": "request by request, arm order alternating",
         "arms": {a: summarize(rtt[a], server_ms[a], esc[a], log_text[a], ARMS[a]) for a in arms},
-        "arm_env": {a: ARMS[a] | ({"NEXUS_ROUTER_LATE_READER_DIR": args.late_reader} if a == "late" else {})
+        "arm_env": {a: ARMS[a] | ({"NEXUS_ROUTER_LATE_READER_DIR": args.late_reader} if a.startswith("late") else {})
                     for a in arms},
         "load_avg_1m_at_end": os.getloadavg()[0],
         "cpus": os.cpu_count(),
@@ -217,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     for b in arms[1:]:  # the first arm against each other one
         rep[f"p50_ratio_{a}_over_{b}"] = rep["arms"][a]["rtt_ms_p50"] / rep["arms"][b]["rtt_ms_p50"]
         rep[f"p99_ratio_{a}_over_{b}"] = rep["arms"][a]["rtt_ms_p99"] / rep["arms"][b]["rtt_ms_p99"]
+        # the same request, the same tool? (arms that differ in precision only should rarely disagree)
+        rep[f"same_tool_{a}_and_{b}"] = sum(x == y for x, y in zip(picks[a], picks[b], strict=True)) / len(picks[a])
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     rep["plot"] = str(out.with_suffix(".png"))

@@ -360,6 +360,26 @@ def torch_reader(head, transformer, tokenizer, threshold: float, meta: dict[str,
     return reader
 
 
+def int8_reader(reader: LateReader, gate_dir: Path, cache: Path) -> LateReader:
+    """``reader``'s head over the states of ``gate_dir``'s INT8 states graph (quantized into ``cache`` once: what a
+    router at int8 reads), every request's states kept."""
+    from services.router.gate import exemplar_texts
+    from services.router.late_reader import GRAPH_FILE, INT8_GRAPH_FILE, OnnxStates, quantize_states
+
+    graph = cache / INT8_GRAPH_FILE
+    tokenizer, transformer = reader.tokenizer, reader.transformer
+    if not graph.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        if not (cache / GRAPH_FILE).is_file():
+            export_states_graph(transformer, tokenizer, cache / GRAPH_FILE)
+        quantize_states(cache, transformer, tokenizer, exemplar_texts(gate_dir), reader.max_len)
+    enc = OnnxStates(graph, tokenizer, reader.max_len, 1)
+    int8 = LateReader(reader.head, lambda texts: enc.run(texts)[1], tokenizer, reader.threshold, reader.meta,
+                      max_len=reader.max_len, cache_size=None)  # the torch path's truncation: only the precision differs
+    int8.threads = reader.threads
+    return int8
+
+
 def routing_examples(lines, by_name):
     """The slot reader's examples with the routing text (what the router encodes) as the context."""
     from services.engine.slot_training import SlotHyperParams, make_examples
@@ -543,7 +563,7 @@ def export(reader: LateReader, gate: Path, queries, registry, calibration, out: 
            enum_words: bool = EXPORT_ENUM_WORDS) -> int:
     """``reader`` (``head_for``'s, for the production model at ``gate``) as the router's late reader at ``out``, with
     the stage calibrated for it as ``make models`` calibrates it for the slot reader (the model's validation +
-    calibration lines, full registry; its cross-fit beside it)."""
+    calibration lines, full registry; its cross-fit beside it), and its INT8 states graph."""
     from services.evals.routing_models import calibrate_arg_evidence
     from services.router import late_reader
 
@@ -551,6 +571,7 @@ def export(reader: LateReader, gate: Path, queries, registry, calibration, out: 
                                      write=False, clip=clip, enum_words=enum_words)
     late_reader.save(out, reader.head, reader.transformer, reader.tokenizer, reader.threshold, reader.meta,
                      json.loads((gate / "gate.json").read_text()), arg_evidence=section)
+    late_reader.add_int8(out, gate)  # what a router at the default precision (int8) reads
     cf = section["crossfit"]
     print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],
                       "tau": section["tau"], "choose_top1_slb": section["choose_top1_slb"],
@@ -645,6 +666,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--routing-json", default="reports/routing_late_reader_routing.json",
                     help="bench/routing_arg_evidence.py with each fold's head ('' skips it)")
     ap.add_argument("--routing-args", default="--folds 0,1,2 --draws 3")
+    ap.add_argument("--states-precision", choices=("fp32", "int8"), default="fp32",
+                    help="--routing-json: the heads read the states of the fold model's torch encoder (fp32) or of its "
+                         "INT8 states graph (services/router/late_reader.quantize_states, smoothed on the fold "
+                         "model's exemplar requests: what a router at int8 reads)")
+    ap.add_argument("--quantize", default="", metavar="DIR",
+                    help="only add the INT8 states graph to the late reader at DIR for --gate (states.int8.onnx)")
     ap.add_argument("--routing-only", action="store_true",
                     help="skip the production model's figures: train the heads --routing-json needs and run it")
     ap.add_argument("--export", default="", metavar="DIR",
@@ -659,6 +686,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     prepare_training_env()
+    if a.quantize:
+        from services.router.late_reader import add_int8
+
+        print(f"wrote {add_int8(a.quantize, Path(a.gate).resolve())}")
+        return 0
     import torch
 
     from services.evals.args import tune_split
@@ -705,6 +737,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     route_epochs=a.route_epochs)
             heads[fm.dir.name] = r
             reader.threads = 2
+            if a.states_precision == "int8":
+                reader = int8_reader(reader, fm.dir, out / fm.dir.name)
             return reader
 
         routing_arg_evidence.main([*a.routing_args.split(), "--json", a.routing_json], reader_for=reader_for)

@@ -4,8 +4,9 @@ The slot reader the stage was calibrated with (services/engine/slots.py) cross-e
 request) pair: ~250-350 ms per escalated request on one thread. This reader instead reads the hidden states of the
 pass the router already makes over the request to embed it (reports/routing_experiments.md §21-§23):
 
-* the router's query encoder runs once, through ``states.onnx``: the request's vector (what the SLB scans with, the
-  same vector as the gate model's own graph, checked at load) and every layer's token states;
+* the router's query encoder runs once, through ``states.onnx`` (``states.int8.onnx`` at the router's default
+  precision, int8): the request's vector (what the SLB scans with, the same vector as the gate model's own graph at
+  that precision, checked at load) and every layer's token states;
 * each parameter question goes through the same graph once, and the head's keys and values of its tokens at every
   layer are cached (questions attend to themselves only);
 * what an escalation computes is the head's ``k`` small layers over the request's tokens, one batch of questions:
@@ -19,6 +20,8 @@ A late-reader directory (``save``; bench/routing_late_reader.py ``--export`` tra
                       that gate model's SLB (``argevidence.calibrate``'s section, as gate.json holds the slot reader's)
     head.safetensors  the head's weights (safetensors: loading them runs no code)
     states.onnx       the gate's query encoder + mean pooling + normalization, its hidden states a second output
+    states.int8.onnx  the same graph at INT8 (``quantize_states``: the query encoder's SmoothQuant method, smoothed
+                      on the gate model's exemplar requests), what a router at query_encoder_precision=int8 runs
 
 The router uses it when ``NEXUS_ROUTER_ARG_EVIDENCE=true`` and ``NEXUS_ROUTER_LATE_READER_DIR`` name it (``load``).
 """
@@ -49,6 +52,7 @@ LAYERS = 7  # the embeddings and MiniLM-L6's 6 layers
 MAX_LEN = 256  # the query encoder's
 HIDDEN = 384
 META_FILE, HEAD_FILE, GRAPH_FILE = "late_reader.json", "head.safetensors", "states.onnx"
+INT8_GRAPH_FILE = "states.int8.onnx"
 
 
 def build_head(d: int = D, k: int = K, hidden: int = HIDDEN, layers: int = LAYERS):
@@ -196,6 +200,20 @@ def export_states_graph(transformer, tokenizer, path: str | Path) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def quantize_states(root: str | Path, transformer, tokenizer, texts: Sequence[str], max_len: int) -> Path:
+    """Write ``root``'s ``states.int8.onnx``: ``states.onnx``'s graph of ``transformer`` (the gate model's query
+    encoder) quantized as the query encoder's INT8 graph is (``onnx_encoder.quantize_graph``: smoothed on ``texts``,
+    the gate model's exemplar requests, then dynamic per-channel int8). Its vector is the router's INT8 vector."""
+    from services.router.onnx_encoder import quantize_graph
+
+    root = Path(root)
+    out = root / INT8_GRAPH_FILE
+    quantize_graph(root / GRAPH_FILE, out,
+                   lambda model, tmp: export_states_graph(model, tokenizer, Path(tmp) / GRAPH_FILE),
+                   transformer, tokenizer, texts, max_len)
+    return out
 
 
 class OnnxStates(OnnxQueryEncoder):
@@ -348,16 +366,52 @@ def exists(path: str | Path) -> bool:
     return all((root / f).is_file() for f in (META_FILE, HEAD_FILE, GRAPH_FILE))
 
 
-def load(path: str | Path, gate, threads: int = 1) -> LateReader | None:
-    """The late reader at ``path`` for the loaded ``gate`` (a GateModel), or None with the reason logged: none there,
-    another format, trained for another gate model, or a graph whose vector is not the gate's."""
-    from services.router.onnx_encoder import MIN_COSINE, PROBE
+def add_int8(root: str | Path, gate_dir: str | Path, texts: Sequence[str] | None = None) -> Path:
+    """Quantize the states graph of the late reader at ``root`` for the gate model at ``gate_dir`` (the one it reads:
+    checked) into ``states.int8.onnx``, smoothed on ``texts``: by default the gate model's exemplar requests, as its
+    INT8 query encoder is."""
+    from sentence_transformers import SentenceTransformer
 
+    from services.router.gate import _single_query_path, exemplar_texts
+
+    root, gate_dir = Path(root), Path(gate_dir)
+    doc = json.loads((root / META_FILE).read_text())
+    gate_meta = json.loads((gate_dir / "gate.json").read_text())
+    if doc.get("gate") != gate_key(gate_meta):
+        raise ValueError(f"late reader at {root} reads gate model {doc.get('gate')}, not {gate_key(gate_meta)} at "
+                         f"{gate_dir}")
+    single = _single_query_path(SentenceTransformer(str(gate_dir / "query_encoder"), device="cpu"))
+    if single is None:
+        raise ValueError(f"the query encoder of {gate_dir} is not Transformer + mean pooling")
+    texts = exemplar_texts(gate_dir) if texts is None else list(texts)
+    if not texts:
+        raise ValueError(f"{gate_dir} has no exemplar requests to smooth the INT8 graph on")
+    tokenizer, transformer, max_len = single
+    return quantize_states(root, transformer, tokenizer, texts, max_len)
+
+
+def load(path: str | Path, gate, threads: int = 1, precision: str = "fp32") -> LateReader | None:
+    """The late reader at ``path`` for the loaded ``gate`` (a GateModel), or None with the reason logged: none there,
+    another format, trained for another gate model, or a graph whose vector is not the gate's. ``precision``: the
+    router's query-encoder precision; at int8 the reader's INT8 graph embeds and gives the states (the fp32 graph,
+    logged, when the directory has none)."""
+    from services.router.onnx_encoder import MIN_COSINE, MIN_COSINE_INT8, PRECISIONS, PROBE
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"query encoder precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     root = Path(path)
     if not exists(root):
         log.error("no late reader at %s (%s, %s and %s): the argument-evidence stage is off; "
                   "bench/routing_late_reader.py --export writes one", root, META_FILE, HEAD_FILE, GRAPH_FILE)
         return None
+    graph = GRAPH_FILE
+    if precision == "int8":
+        if (root / INT8_GRAPH_FILE).is_file():
+            graph = INT8_GRAPH_FILE
+        else:
+            log.warning("no %s in the late reader at %s: requests are embedded by its fp32 graph (slower); "
+                        "bench/routing_late_reader.py --quantize %s adds it", INT8_GRAPH_FILE, root, root)
+    min_cosine = MIN_COSINE_INT8 if graph == INT8_GRAPH_FILE else MIN_COSINE
     try:
         doc = json.loads((root / META_FILE).read_text())
         if doc.get("format") != FORMAT:
@@ -375,13 +429,14 @@ def load(path: str | Path, gate, threads: int = 1) -> LateReader | None:
                           layers=int(shape["layers"]))
         head.load_state_dict(load_file(str(root / HEAD_FILE)))
         tokenizer = AutoTokenizer.from_pretrained(str(Path(gate.info.path) / "query_encoder"))
-        enc = OnnxStates(root / GRAPH_FILE, tokenizer, single[2], threads)
+        enc = OnnxStates(root / graph, tokenizer, single[2], threads)
         vec, _ = enc.embed_with_states(PROBE)
         cos = float(vec @ gate.embed_query_torch(PROBE))
-        if not cos >= MIN_COSINE:  # NaN fails too
-            raise ValueError(f"its graph's vector is not the gate model's (probe cosine {cos:.5f})")
+        if not cos >= min_cosine:  # NaN fails too
+            raise ValueError(f"its graph's vector is not the gate model's (probe cosine {cos:.5f} < {min_cosine})")
     except Exception as e:  # a corrupt file raises anything from json, torch or onnxruntime
         log.error("late reader at %s unusable (%s): the argument-evidence stage is off", root, e)
         return None
+    log.info("late reader: %s (%s, probe cosine to the torch vector %.5f)", graph, enc.precision, cos)
     return LateReader(head, lambda texts: enc.run(texts)[1], tokenizer, float(doc["threshold"]), doc,
                       threads=threads, max_len=single[2], encoder=enc)

@@ -62,20 +62,34 @@ def quantize(encoder_dir: str | Path, transformer=None, tokenizer=None, texts: S
     and dynamic quantization with per-channel signed int8 weights (per-tensor unsigned weights lost ~0.5 points
     more; reports/routing_experiments.md §27). The method is recorded in the graph's metadata (``int8_method``).
     Deterministic for given weights and texts."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
     src = onnx_path(encoder_dir)
     if not src.is_file():
         raise FileNotFoundError(f"no fp32 ONNX export at {src} to quantize")
     out = onnx_path(encoder_dir, "int8")
+    quantize_graph(src, out, lambda model, tmp: export(model, tokenizer, tmp), transformer, tokenizer, texts,
+                   max_len, alpha)
+    log.info("query encoder quantized to %s", out)
+    return out
+
+
+def quantize_graph(src: Path, out: Path, export_fn: Callable[[Any, Path], Path], transformer=None, tokenizer=None,
+                   texts: Sequence[str] = (), max_len: int = 128, alpha: float = SMOOTH_ALPHA) -> dict[str, str]:
+    """``quantize``'s method for any graph of ``transformer``: ``out`` (written atomically) is the dynamic INT8
+    quantization of ``export_fn(smoothed copy, a scratch directory)`` (the fp32 graph's path, made from the copy),
+    smoothed on ``texts``; without a transformer, tokenizer or texts, of ``src`` as it is. Returns the method recorded
+    in ``out``'s metadata. SmoothQuant scales only what each Linear reads, so every tensor the graph outputs (the
+    vector, hidden states) is the same function as the fp32 graph's."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
     stem = out.with_name(f".{out.name}.{os.getpid()}")
     smooth_dir, pre, tmp = Path(f"{stem}.smooth"), Path(f"{stem}.pre.tmp"), Path(f"{stem}.tmp")
     method = {"method": INT8_PLAIN}
     try:
         if transformer is not None and tokenizer is not None and len(texts):
             ranges = activation_ranges(transformer, tokenizer, texts, max_len)
-            src = export(smoothed(transformer, ranges, alpha), tokenizer, smooth_dir)
+            smooth_dir.mkdir(parents=True, exist_ok=True)
+            src = export_fn(smoothed(transformer, ranges, alpha), smooth_dir)
             method = {"method": INT8_METHOD, "alpha": f"{alpha:g}", "texts": str(len(texts))}
         # symbolic shape inference does not complete on the exported attention-mask graph; onnx's does
         quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
@@ -86,8 +100,8 @@ def quantize(encoder_dir: str | Path, transformer=None, tokenizer=None, texts: S
         pre.unlink(missing_ok=True)
         tmp.unlink(missing_ok=True)
         shutil.rmtree(smooth_dir, ignore_errors=True)
-    log.info("query encoder quantized to %s (%s)", out, ", ".join(f"{k} {v}" for k, v in method.items()))
-    return out
+    log.info("graph %s quantized to INT8 (%s)", out.name, ", ".join(f"{k} {v}" for k, v in method.items()))
+    return method
 
 
 def int8_method(encoder_dir: str | Path) -> str | None:
@@ -248,7 +262,8 @@ class OnnxQueryEncoder:
         self.path = Path(path)
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
-        self.precision = "int8" if self.path.name == INT8_FILE.name else "fp32"
+        # sentence_embedding.int8.onnx, or the late reader's states.int8.onnx
+        self.precision = "int8" if self.path.name.endswith(".int8.onnx") else "fp32"
         self.tokenizer = tokenizer
         self.max_len = max_len
 

@@ -160,7 +160,8 @@ class Router:
         from services.router import late_reader
 
         path = self.config.late_reader_dir
-        reader = late_reader.load(path, self.gate, threads=self.config.torch_threads)
+        reader = late_reader.load(path, self.gate, threads=self.config.torch_threads,
+                                  precision=self.config.query_encoder_precision)
         if reader is None:
             return None
         section = reader.meta.get("arg_evidence")
@@ -173,9 +174,6 @@ class Router:
             log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
                                                         "top_k": ae.top_k, "reader": path, "clip": ae.clip,
                                                         "enum_words": ae.enum_words})
-            if self.config.query_encoder_precision != "fp32":
-                log.info("query_encoder_precision=%s is not used with a late reader: requests are embedded by the "
-                         "reader's fp32 graph, which also gives the states it reads", self.config.query_encoder_precision)
         return ae
 
     def _exemplar_weight(self) -> float:

@@ -50,6 +50,8 @@ def test_arms_run_side_by_side_over_grpc(every_arm):
     assert rep["arms"]["staged"]["argument_evidence_loaded"] == staged and rep["arms"]["staged"]["exemplar_keys_loaded"]
     assert not rep["arms"]["model"]["argument_evidence_loaded"]
     assert rep["p50_ratio_model_over_text"] > 0 and (tmp / "rg.png").stat().st_size > 10_000
+    # model and int8 are the same configuration (int8 is the default): the same tool for every request
+    assert rep["same_tool_model_and_int8"] == 1.0 and 0.0 <= rep["same_tool_model_and_text"] <= 1.0
 
 
 def test_the_late_arm_escalates_through_the_late_reader_over_grpc(every_arm):

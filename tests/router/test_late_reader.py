@@ -167,16 +167,53 @@ def test_the_router_escalates_through_the_late_reader(saved, tmp_path, all_tools
     assert _router(tmp_path / "none-r", tmp_path / "nowhere", k8s).arg_evidence is None
 
 
-def test_int8_is_not_used_with_a_late_reader(saved, tmp_path, all_tools, caplog):
-    """The late reader's graph embeds every request (its states are what the head was trained on): an INT8 query
-    encoder (the default) is loaded but not used, and the router says so."""
+def test_an_int8_router_reads_the_late_readers_int8_graph(saved, tmp_path, all_tools, caplog):
+    """At query_encoder_precision=int8 (the default) the reader's INT8 graph embeds the request and gives its states;
+    a directory without one embeds with the fp32 graph, logged; an fp32 router keeps the fp32 graph."""
+    import shutil
+
+    import torch
+
+    from services.router.gate import exemplar_texts
+
     k8s = [t for t in all_tools if t.name.startswith(("pods_", "namespaces_", "resources_"))]
     caplog.set_level(logging.INFO, logger="nexus.router")
-    both = _router(tmp_path / "both", saved, k8s, precision="int8")
-    assert both.gate.onnx.precision == "int8" and both.arg_evidence is not None
-    assert any("query_encoder_precision=int8 is not used with a late reader" in r.getMessage()
-               for r in caplog.records if r.levelno == logging.INFO)
+    without = _router(tmp_path / "without", saved, k8s, precision="int8")
+    assert without.gate.onnx.precision == "int8" and without.arg_evidence is not None
+    assert without.arg_evidence.reader.encoder.precision == "fp32"
+    assert any(lr.INT8_GRAPH_FILE in r.getMessage() and "--quantize" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
     fp32 = _router(tmp_path / "fp32", saved, k8s, precision="fp32")
-    got, want = both.decide(TEXT, 4).slb_candidates[:4], fp32.decide(TEXT, 4).slb_candidates[:4]
+    got, want = without.decide(TEXT, 4).slb_candidates[:4], fp32.decide(TEXT, 4).slb_candidates[:4]
     assert [n for n, _ in got] == [n for n, _ in want]
     assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)  # the same pass: the fp32 graph's
+
+    quant = tmp_path / "quantized"
+    shutil.copytree(saved, quant)
+    lr.add_int8(quant, GATE, texts=exemplar_texts(GATE)[::40])  # a sample of the requests, for the test's time
+    assert (quant / lr.INT8_GRAPH_FILE).is_file()
+    r8 = _router(tmp_path / "int8", quant, k8s, precision="int8")
+    enc = r8.arg_evidence.reader.encoder
+    assert enc.precision == "int8" and enc.path.name == lr.INT8_GRAPH_FILE
+    vec8, states8 = enc.embed_with_states(TEXT)
+    vec32, states32 = fp32.arg_evidence.reader.encoder.embed_with_states(TEXT)
+    assert 0.97 < float(vec8 @ vec32) < 1.0  # quantized: close to the fp32 vector, not equal to it
+    assert states8.shape == states32.shape
+    cos = torch.nn.functional.cosine_similarity(torch.from_numpy(states8), torch.from_numpy(states32), dim=-1)
+    assert float(cos.mean()) > 0.95  # every layer's token states stay where the head reads them
+    d8, d32 = r8.decide(TEXT, 4), fp32.decide(TEXT, 4)
+    assert d8.tool == d32.tool and d8.gate == d32.gate == "escalated"  # tau 1e9: every request escalates
+    # an fp32 router beside an INT8 graph still reads the fp32 one
+    assert _router(tmp_path / "fp32-q", quant, k8s, precision="fp32").arg_evidence.reader.encoder.precision == "fp32"
+
+
+def test_add_int8_refuses_a_gate_model_the_reader_does_not_read(saved, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(saved, other)
+    doc = json.loads((other / lr.META_FILE).read_text())
+    (other / lr.META_FILE).write_text(json.dumps({**doc, "gate": {**doc["gate"], "data_hash": "another model"}}))
+    with pytest.raises(ValueError, match="reads gate model"):
+        lr.add_int8(other, GATE)
+    assert not (other / lr.INT8_GRAPH_FILE).exists()
