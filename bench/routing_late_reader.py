@@ -364,7 +364,7 @@ def int8_reader(reader: LateReader, gate_dir: Path, cache: Path) -> LateReader:
     """``reader``'s head over the states of ``gate_dir``'s INT8 states graph (quantized into ``cache`` once: what a
     router at int8 reads), every request's states kept."""
     from services.router.gate import exemplar_texts
-    from services.router.late_reader import GRAPH_FILE, INT8_GRAPH_FILE, OnnxStates, quantize_states
+    from services.router.late_reader import GRAPH_FILE, INT8_GRAPH_FILE, quantize_states
 
     graph = cache / INT8_GRAPH_FILE
     tokenizer, transformer = reader.tokenizer, reader.transformer
@@ -373,11 +373,18 @@ def int8_reader(reader: LateReader, gate_dir: Path, cache: Path) -> LateReader:
         if not (cache / GRAPH_FILE).is_file():
             export_states_graph(transformer, tokenizer, cache / GRAPH_FILE)
         quantize_states(cache, transformer, tokenizer, exemplar_texts(gate_dir), reader.max_len)
-    enc = OnnxStates(graph, tokenizer, reader.max_len, 1)
-    int8 = LateReader(reader.head, lambda texts: enc.run(texts)[1], tokenizer, reader.threshold, reader.meta,
-                      max_len=reader.max_len, cache_size=None)  # the torch path's truncation: only the precision differs
+    int8 = graph_reader(reader, graph, reader.max_len)  # the torch path's truncation: only the precision differs
     int8.threads = reader.threads
     return int8
+
+
+def graph_reader(reader: LateReader, graph: Path, max_len: int) -> LateReader:
+    """``reader``'s head over the states of the ONNX states graph ``graph`` (one thread), every request's kept."""
+    from services.router.late_reader import OnnxStates
+
+    enc = OnnxStates(graph, reader.tokenizer, max_len, 1)
+    return LateReader(reader.head, lambda texts: enc.run(texts)[1], reader.tokenizer, reader.threshold, reader.meta,
+                      max_len=max_len, cache_size=None)
 
 
 def routing_examples(lines, by_name):
@@ -561,17 +568,20 @@ EXPORT_ENUM_WORDS = True
 
 def export(reader: LateReader, gate: Path, queries, registry, calibration, out: str, clip: float = EXPORT_CLIP,
            enum_words: bool = EXPORT_ENUM_WORDS) -> int:
-    """``reader`` (``head_for``'s, for the production model at ``gate``) as the router's late reader at ``out``, with
-    the stage calibrated for it as ``make models`` calibrates it for the slot reader (the model's validation +
-    calibration lines, full registry; its cross-fit beside it), and its INT8 states graph."""
+    """``reader`` (``head_for``'s, for the production model at ``gate``) as the router's late reader at ``out``, both
+    graphs, with the stage calibrated for it as ``make models`` calibrates it for the slot reader (the model's
+    validation + calibration lines, full registry; its cross-fit beside it) on what a router at the default precision
+    reads: the INT8 graph's states, at the query encoder's truncation."""
     from services.evals.routing_models import calibrate_arg_evidence
     from services.router import late_reader
 
-    section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=reader,
+    gate_meta = json.loads((gate / "gate.json").read_text())
+    late_reader.save(out, reader.head, reader.transformer, reader.tokenizer, reader.threshold, reader.meta, gate_meta)
+    late_reader.add_int8(out, gate)
+    read8 = graph_reader(reader, Path(out) / late_reader.INT8_GRAPH_FILE, int(gate_meta["hyperparams"]["q_max_len"]))
+    section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=read8,
                                      write=False, clip=clip, enum_words=enum_words)
-    late_reader.save(out, reader.head, reader.transformer, reader.tokenizer, reader.threshold, reader.meta,
-                     json.loads((gate / "gate.json").read_text()), arg_evidence=section)
-    late_reader.add_int8(out, gate)  # what a router at the default precision (int8) reads
+    late_reader.set_arg_evidence(out, section)
     cf = section["crossfit"]
     print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],
                       "tau": section["tau"], "choose_top1_slb": section["choose_top1_slb"],

@@ -355,10 +355,21 @@ def save(out: str | Path, head, transformer, tokenizer, threshold: float, meta: 
            "shape": {"d": int(head.proj.out_features), "k": len(head.layers), "layers": int(mix.numel()),
                      "hidden": int(head.proj.in_features)},
            "arg_evidence": arg_evidence}
+    _write_meta(out, doc)
+    return out
+
+
+def set_arg_evidence(out: str | Path, arg_evidence: dict[str, Any]) -> None:
+    """Replace the stage calibration a saved late-reader directory carries (its ``late_reader.json``)."""
+    out = Path(out)
+    doc = json.loads((out / META_FILE).read_text())
+    _write_meta(out, {**doc, "arg_evidence": arg_evidence})
+
+
+def _write_meta(out: Path, doc: dict[str, Any]) -> None:
     tmp = out / f".{META_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     os.replace(tmp, out / META_FILE)
-    return out
 
 
 def exists(path: str | Path) -> bool:

@@ -217,3 +217,18 @@ def test_add_int8_refuses_a_gate_model_the_reader_does_not_read(saved, tmp_path)
     with pytest.raises(ValueError, match="reads gate model"):
         lr.add_int8(other, GATE)
     assert not (other / lr.INT8_GRAPH_FILE).exists()
+
+
+def test_set_arg_evidence_replaces_only_the_calibration(saved, tmp_path):
+    import shutil
+
+    d = tmp_path / "recalibrated"
+    shutil.copytree(saved, d)
+    before = json.loads((d / lr.META_FILE).read_text())
+    section = {**before["arg_evidence"], "alpha": 0.5, "tau": 0.25}
+    lr.set_arg_evidence(d, section)
+    after = json.loads((d / lr.META_FILE).read_text())
+    assert after["arg_evidence"] == section
+    assert {k: v for k, v in after.items() if k != "arg_evidence"} == {
+        k: v for k, v in before.items() if k != "arg_evidence"}
+    assert not list(d.glob(".*.tmp"))  # written atomically, nothing left behind
