@@ -178,21 +178,13 @@ def test_an_int8_router_reads_the_late_readers_int8_graph(saved, tmp_path, all_t
 
     k8s = [t for t in all_tools if t.name.startswith(("pods_", "namespaces_", "resources_"))]
     caplog.set_level(logging.INFO, logger="nexus.router")
-    without = _router(tmp_path / "without", saved, k8s, precision="int8")
-    assert without.gate.onnx.precision == "int8" and without.arg_evidence is not None
-    assert without.arg_evidence.reader.encoder.precision == "fp32"
-    assert any(lr.INT8_GRAPH_FILE in r.getMessage() and "--quantize" in r.getMessage()
-               for r in caplog.records if r.levelno == logging.WARNING)
     fp32 = _router(tmp_path / "fp32", saved, k8s, precision="fp32")
-    got, want = without.decide(TEXT, 4).slb_candidates[:4], fp32.decide(TEXT, 4).slb_candidates[:4]
-    assert [n for n, _ in got] == [n for n, _ in want]
-    assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-6)  # the same pass: the fp32 graph's
-
     quant = tmp_path / "quantized"
     shutil.copytree(saved, quant)
     lr.add_int8(quant, GATE, texts=exemplar_texts(GATE)[::40])  # a sample of the requests, for the test's time
     assert (quant / lr.INT8_GRAPH_FILE).is_file()
     r8 = _router(tmp_path / "int8", quant, k8s, precision="int8")
+    assert r8.gate.onnx.precision == "int8"
     enc = r8.arg_evidence.reader.encoder
     assert enc.precision == "int8" and enc.path.name == lr.INT8_GRAPH_FILE
     vec8, states8 = enc.embed_with_states(TEXT)
@@ -203,8 +195,13 @@ def test_an_int8_router_reads_the_late_readers_int8_graph(saved, tmp_path, all_t
     assert float(cos.mean()) > 0.95  # every layer's token states stay where the head reads them
     d8, d32 = r8.decide(TEXT, 4), fp32.decide(TEXT, 4)
     assert d8.tool == d32.tool and d8.gate == d32.gate == "escalated"  # tau 1e9: every request escalates
-    # an fp32 router beside an INT8 graph still reads the fp32 one
-    assert _router(tmp_path / "fp32-q", quant, k8s, precision="fp32").arg_evidence.reader.encoder.precision == "fp32"
+    # an fp32 router beside an INT8 graph still reads the fp32 one; a directory without one reads its fp32 graph at
+    # int8 too, and says how to add it
+    assert lr.load(quant, fp32.gate, precision="fp32").encoder.precision == "fp32"
+    caplog.clear()
+    assert lr.load(saved, r8.gate, precision="int8").encoder.precision == "fp32"
+    assert any(lr.INT8_GRAPH_FILE in r.getMessage() and "--quantize" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
 
 
 def test_add_int8_refuses_a_gate_model_the_reader_does_not_read(saved, tmp_path):
