@@ -165,8 +165,9 @@ eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice
 	$(VENV)/bin/nexus eval ttft --json reports/splice_ttft.json
 	$(VENV)/bin/nexus eval drift --json reports/splice_drift.json
 
+# --durations: the slowest tests at the end of every run, so the ~15-minute budget is watched where it is spent
 test: setup  ## unit + integration + quick end-to-end with the real model
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 test-unit: setup
 	$(PY) -m pytest -q tests -m "not integration and not e2e"

@@ -73,6 +73,12 @@ from services.router.late_reader import (  # noqa: E402
     span_mask,
 )
 
+# How the heads are trained, beside HEAD_VERSION (what they are) in their cache key: batches of about the same length
+# (length_batches), each distinct question and request encoded once per batch (logits). A fold head trains in ~21 min
+# on 2 cores instead of ~30 (span 585-743 s vs 889, route 598-627 s vs 900); held out it gains as much within noise
+# (N = 250, 3 folds x 3 draws: 44 fixed / 15 broken vs 45 / 10; reports/routing_experiments.md §33).
+TRAINER = "length-batches-v1"
+
 
 def answer_tokens(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
     """The first and last context tokens of a character span ((0, 0): not stated, or not found)."""
@@ -102,11 +108,45 @@ def pad_states(states: Sequence[Any]):
     return h, m
 
 
-def logits(head, qstates, cstates):
+def distinct(states: Sequence[Any]):
+    """The distinct tensors of ``states`` (by identity: ``encode_states`` holds one per text) and each row's index
+    into them."""
+    import torch
 
-    hq, mq = pad_states(qstates)
-    hc, mc = pad_states(cstates)
-    s, e = head(head.question_kv(hq, mq), mq, hc, mc)
+    seen: dict[int, int] = {}
+    uniq, rows = [], []
+    for s in states:
+        j = seen.setdefault(id(s), len(uniq))
+        if j == len(uniq):
+            uniq.append(s)
+        rows.append(j)
+    return uniq, torch.tensor(rows)
+
+
+def length_batches(items: Sequence[Any], bs: int, rng: random.Random, length: Callable[[Any], int],
+                   pool: int = 50) -> list[list[Any]]:
+    """``items`` in batches of ``bs`` of about the same ``length``: shuffled, sorted by length within pools of
+    ``pool`` batches, cut, and the batches shuffled. A random batch of the augment lines is ~60 % padding; these
+    are ~10 %, and a step costs about what its real tokens do."""
+    items = list(items)
+    rng.shuffle(items)
+    out: list[list[Any]] = []
+    for p in range(0, len(items), bs * pool):
+        chunk = sorted(items[p:p + bs * pool], key=length)
+        out += [chunk[b:b + bs] for b in range(0, len(chunk), bs)]
+    rng.shuffle(out)
+    return out
+
+
+def logits(head, qstates, cstates):
+    """Start and end logits of each (question, request) row, each distinct question and request encoded once."""
+    uq, qi = distinct(qstates)
+    uc, ci = distinct(cstates)
+    hq, mq = pad_states(uq)
+    hc, mc = pad_states(uc)
+    kv = [(k[qi], v[qi]) for k, v in head.question_kv(hq, mq)]
+    mq, mc = mq[qi], mc[ci]
+    s, e = head(kv, mq, hc, mc, rows=ci)
     keep = span_mask(mc)
     keep[:, 0] = True
     return s.masked_fill(~keep, -1e4), e.masked_fill(~keep, -1e4), mc
@@ -129,11 +169,15 @@ def train_head(head, examples, qs: dict, cs: dict, epochs: int = 8, bs: int = 32
     head.train()
     with tqdm(total=steps, desc=label, disable=not progress, file=sys.stderr) as bar:
         for _ in range(epochs):
-            rng.shuffle(examples)
-            for b in range(0, len(examples), bs):
-                optimizer_step(head, opt, sched, span_ce(head, examples[b:b + bs], qs, cs), losses, bar)
+            for batch in length_batches(examples, bs, rng, example_length(qs, cs)):
+                optimizer_step(head, opt, sched, span_ce(head, batch, qs, cs), losses, bar)
     head.eval()
     return losses
+
+
+def example_length(qs: dict, cs: dict) -> Callable[[Any], int]:
+    """A span example's tokens (question + request): what its row of a batch costs."""
+    return lambda x: qs[x.question][0].shape[1] + cs[x.context][0].shape[1]
 
 
 def span_stated(s, e, mc, max_tokens: int | None = None):
@@ -163,10 +207,11 @@ def span_ce(head, batch, qs: dict, cs: dict):
 
 
 def tune_with_spans(model, items, batch_loss, examples, qs: dict, cs: dict, epochs: int, bs: int, lr: float,
-                    seed: int, progress: bool, label: str) -> list[float]:
-    """``epochs`` passes over ``items`` in shuffled batches of ``bs``: a step on ``batch_loss(batch)`` (the loss and
-    what the bar shows) plus, every other step, a span batch of ``examples`` (``span_ce``) so the head (``model.head``,
-    or ``model`` itself) keeps its answers; AdamW with 5 % warm-up. Returns the shown losses; ``model`` ends in eval."""
+                    seed: int, progress: bool, label: str, item_length: Callable[[Any], int]) -> list[float]:
+    """``epochs`` passes over ``items`` in shuffled batches of ``bs`` of about the same ``item_length``
+    (``length_batches``): a step on ``batch_loss(batch)`` (the loss and what the bar shows) plus, every other step, a
+    span batch of ``examples`` (``span_ce``) so the head (``model.head``, or ``model`` itself) keeps its answers; AdamW
+    with 5 % warm-up. Returns the shown losses; ``model`` ends in eval."""
     import torch
     from tqdm import tqdm
 
@@ -181,14 +226,13 @@ def tune_with_spans(model, items, batch_loss, examples, qs: dict, cs: dict, epoc
     losses: list[float] = []
     model.train()
     k = 0
+    spans = length_batches(examples, 32, rng, example_length(qs, cs)) if examples else []
     with tqdm(total=epochs * steps_per, desc=label, disable=not progress, file=sys.stderr) as bar:
         for _ in range(epochs):
-            rng.shuffle(items)
-            for b in range(0, len(items), bs):
-                loss, shown = batch_loss(items[b:b + bs])
-                if k % 2 == 0 and examples:
-                    start = (k // 2) * 32 % len(examples)
-                    loss = loss + span_ce(head, examples[start:start + 32], qs, cs)
+            for batch in length_batches(items, bs, rng, item_length):
+                loss, shown = batch_loss(batch)
+                if k % 2 == 0 and spans:
+                    loss = loss + span_ce(head, spans[(k // 2) % len(spans)], qs, cs)
                 optimizer_step(model, opt, sched, loss, losses, bar, shown)
                 k += 1
     model.eval()
@@ -210,7 +254,8 @@ def distill_head(head, teacher, examples, qs: dict, cs: dict, epochs: int = 2, b
         loss = torch.nn.functional.smooth_l1_loss(span_stated(s, e, mc).clamp(-1.5 * CLIP, 1.5 * CLIP), target)
         return loss, loss.item()  # the bar shows the distillation loss alone
 
-    return tune_with_spans(head, teacher, batch_loss, examples, qs, cs, epochs, bs, lr, seed, progress, label)
+    return tune_with_spans(head, teacher, batch_loss, examples, qs, cs, epochs, bs, lr, seed, progress, label,
+                           lambda t: cs[t[0]][0].shape[1])
 
 
 def route_groups(gate_dir: Path, lines, registry, top_k: int = 4, distinct: bool = True) -> list[dict[str, Any]]:
@@ -330,7 +375,8 @@ def route_tune(head, groups, examples, qs: dict, cs: dict, threshold: float, epo
         loss = route_loss(scores, batch, beta, model.alphas(), threshold)
         return loss, loss.item()
 
-    losses = tune_with_spans(model, groups, batch_loss, examples, qs, cs, epochs, bs, lr, seed, progress, label)
+    losses = tune_with_spans(model, groups, batch_loss, examples, qs, cs, epochs, bs, lr, seed, progress, label,
+                             lambda g: cs[g["context"]][0].shape[1])
     a = model.alphas().detach().tolist()
     return losses, {"beta": beta, "a_stated": round(a[0], 4), "a_req_min": round(a[1], 4)}
 
@@ -436,7 +482,7 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     qs = encode_states(transformer, tok, [e.question for e in train + val] + [q for _, qq, _ in teacher for q in qq]
                        + [q for g in groups for qq in g["questions"] for q, _ in qq])
     enc_s = round(time.time() - t0, 1)
-    h = hashlib.sha256(json.dumps([HEAD_VERSION, D, k, epochs, len(train)]).encode())
+    h = hashlib.sha256(json.dumps([HEAD_VERSION, TRAINER, D, k, epochs, len(train)]).encode())
     h.update((gate_dir / "query_encoder" / "model.safetensors").read_bytes()[:1 << 20])
     key = h.hexdigest()[:16]
     path = out / gate_dir.name / f"head-{key}.pt"
@@ -683,7 +729,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quantize", default="", metavar="DIR",
                     help="only add the INT8 states graph to the late reader at DIR for --gate (states.int8.onnx)")
     ap.add_argument("--routing-only", action="store_true",
-                    help="skip the production model's figures: train the heads --routing-json needs and run it")
+                    help="skip the production model's head and figures: train the heads --routing-json needs and "
+                         "run it")
     ap.add_argument("--export", default="", metavar="DIR",
                     help="only train (or reuse) the production head, calibrate the stage with it on the production "
                          "model's choosing lines and write it as the router's late reader (services/router/"
@@ -694,6 +741,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-enum-words", action="store_true",
                     help="--export: read enum parameters as spans only, as before §28")
     a = ap.parse_args(argv)
+    if a.export and a.routing_only:
+        ap.error("--export writes the production head, which --routing-only does not train")
 
     prepare_training_env()
     if a.quantize:
@@ -719,12 +768,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(a.out)
     gate = Path(a.gate).resolve()
     teacher = teacher_for(augment, registry.tools, a.gate, a.slots, out) if a.distill else []
-    groups = route_groups(gate, augment, registry) if a.route else []
+    groups = route_groups(gate, augment, registry) if a.route and not a.routing_only else []
     last = "route-tuned" if groups else "distilled" if teacher else "span"
     name = f"late reader ({last}, K = {a.layers})"
-    prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                                  distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
-    heads = {"production": rec}
+    heads: dict[str, Any] = {}
+    if not a.routing_only:  # the production head: what --export writes and production_figures reads
+        prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
+                                      distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
+        heads["production"] = rec
     if a.export:
         return export(prod, gate, queries, registry, load_augment(a.calibration), a.export, a.clip,
                       not a.no_enum_words)

@@ -115,10 +115,13 @@ def build_head(d: int = D, k: int = K, hidden: int = HIDDEN, layers: int = LAYER
                 out.append(kv)
             return out
 
-        def forward(self, qkv, mq, hc, mc):
+        def forward(self, qkv, mq, hc, mc, rows=None):
             """Start and end logits over the request's tokens (B, Lc) given the questions' cached keys and values
-            (``question_kv``) and the request's frozen states ``hc`` (B, layers, Lc, hidden) or, broadcast, (1, ...)."""
+            (``question_kv``) and the request's frozen states ``hc`` (B, layers, Lc, hidden) or, broadcast, (1, ...);
+            with ``rows`` (B,), row i reads request ``rows[i]`` of ``hc`` (each distinct request embedded once)."""
             x = self.embed(hc, 1)
+            if rows is not None:
+                x = x[rows]
             b = max(x.shape[0], mq.shape[0])
             x = x.expand(b, -1, -1)
             keys = torch.cat([mq, mc.expand(b, -1)], 1)[:, None, None, :].expand(-1, 1, x.shape[1], -1)

@@ -65,6 +65,46 @@ def test_span_mask_keeps_the_request_without_cls_and_sep():
     assert h.shape == (2, LAYERS, 5, 4) and m.sum(1).tolist() == [3, 5] and h[0, :, 3:].abs().sum() == 0
 
 
+def test_length_batches_hold_every_item_once_in_batches_of_like_length():
+    import random
+
+    lr = load_bench("routing_late_reader")
+    rng = random.Random(0)
+    items = [rng.randint(5, 150) for _ in range(1000)]
+    got = lr.length_batches(list(enumerate(items)), 32, random.Random(1), lambda x: x[1], pool=10)
+    assert sorted(i for b in got for i, _ in b) == list(range(1000))
+    assert [len(b) for b in got].count(32) == 1000 // 32 and all(0 < len(b) <= 32 for b in got)
+
+    def padded(batches):  # what a batch costs: its longest item per row
+        return sum(max(n for _, n in b) * len(b) for b in batches)
+
+    shuffled = list(enumerate(items))
+    random.Random(1).shuffle(shuffled)
+    plain = [shuffled[b:b + 32] for b in range(0, 1000, 32)]
+    assert padded(got) < 0.7 * padded(plain)
+    again = lr.length_batches(list(enumerate(items)), 32, random.Random(1), lambda x: x[1], pool=10)
+    assert got == again  # the seed decides
+    assert got != lr.length_batches(list(enumerate(items)), 32, random.Random(2), lambda x: x[1], pool=10)
+
+
+def test_logits_read_each_distinct_question_and_request_once_with_the_same_result(late_parts):
+    import torch
+
+    lr, _, _, head, examples, qs, cs, _ = late_parts
+    rows = examples * 2
+    q = [qs[x.question][0] for x in rows]
+    c = [cs[x.context][0] for x in rows]
+    uq, qi = lr.distinct(q)
+    uc, ci = lr.distinct(c)
+    assert len(uq) == len({x.question for x in examples}) and len(uc) == len({x.context for x in examples})
+    assert all(q[i] is uq[j] for i, j in enumerate(qi.tolist())) and all(c[i] is uc[j] for i, j in enumerate(ci.tolist()))
+    with torch.no_grad():
+        shared = lr.logits(head, q, c)
+        own = lr.logits(head, [t.clone() for t in q], [t.clone() for t in c])  # every row distinct
+    for a, b in zip(shared, own, strict=True):
+        assert torch.allclose(a.float(), b.float(), atol=1e-5)
+
+
 def test_training_steps_lower_the_loss_on_what_they_see(late_parts):
     import copy
 
