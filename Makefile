@@ -104,9 +104,9 @@ var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/
 
 # The argument-evidence stage's fast reader (services/router/late_reader.py): a head over the gate model's own
 # query-encoder states, trained on the augment lines and on the stage's decisions, then the stage calibrated for it
-# (~35 min on 2 cores the first time; the heads are cached in var/models/late-reader-heads). Not part of setup: the
+# (~25 min on 2 cores the first time; the heads are cached in var/models/late-reader-heads). Not part of setup: the
 # stage is off by default. Serve with NEXUS_ROUTER_ARG_EVIDENCE=true NEXUS_ROUTER_LATE_READER_DIR=var/models/late_reader.
-late-reader: models  ## train the stage's late reader for the gate model -> var/models/late_reader (~35 min once)
+late-reader: models  ## train the stage's late reader for the gate model -> var/models/late_reader (~25 min once)
 	$(VENV)/bin/python bench/routing_late_reader.py --route --export var/models/late_reader \
 		--tools $(TOOLS) --queries $(QUERIES)
 
