@@ -94,8 +94,8 @@ def test_logits_read_each_distinct_question_and_request_once_with_the_same_resul
     rows = examples * 2
     q = [qs[x.question][0] for x in rows]
     c = [cs[x.context][0] for x in rows]
-    uq, qi = lr.distinct(q)
-    uc, ci = lr.distinct(c)
+    uq, qi = lr.distinct_rows(q)
+    uc, ci = lr.distinct_rows(c)
     assert len(uq) == len({x.question for x in examples}) and len(uc) == len({x.context for x in examples})
     assert all(q[i] is uq[j] for i, j in enumerate(qi.tolist())) and all(c[i] is uc[j] for i, j in enumerate(ci.tolist()))
     with torch.no_grad():
