@@ -8,14 +8,16 @@ directory store pre-filled with the registry (no compiler needed: the router emb
 waits for SERVING, then sends every query line to each arm in turn (interleaved request by request, the arm
 order alternating, ``--repeats`` passes), and reports client-side round-trip latency percentiles, the
 server-measured ``route_ms`` and the escalation rate per arm, the ratio of their p50s, and a PNG of the
-latency distributions. Arms (``--arms``): ``model`` (the gate model as the router loads it by default: exemplar keys
-at its validation-chosen weight), ``text`` (the same model with ``exemplar_weight = 0``: text keys only, the scan
-over 338 rows instead of ~5,000), ``staged`` (the model with its argument-evidence stage on,
-``NEXUS_ROUTER_ARG_EVIDENCE=true``, reading with the ``--slots`` reader), ``late`` (the stage on with the late reader
-at ``--late-reader``, services/router/late_reader.py, and the calibration it carries; at the default precision, int8,
-the reader's INT8 states graph embeds when it has one), ``late-fp32`` (the same at fp32), ``int8`` (the model with its
-INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``: the default, so ``model`` too) and ``fp32`` (its fp32
-graph, the torch vectors; the held-out comparison of the two: bench/routing_int8.py). Latency only: the production gate model trained on
+latency distributions. Arms (``--arms``): ``model`` (the router as it starts by default: the gate model with exemplar
+keys at its validation-chosen weight and its argument-evidence stage on, reading with the late reader at
+var/models/late_reader), ``off`` (the same with the stage off, ``NEXUS_ROUTER_ARG_EVIDENCE=false``), ``text`` (the
+stage off and ``exemplar_weight = 0``: text keys only, the scan over 338 rows instead of ~5,000), ``staged`` (the stage
+reading with the ``--slots`` reader, ``NEXUS_ROUTER_LATE_READER_DIR=''``), ``late`` (the stage with the late reader at
+``--late-reader``, services/router/late_reader.py, and the calibration it carries; at the default precision, int8,
+the reader's INT8 states graph embeds when it has one), ``late-fp32`` (the same at fp32), ``int8`` (the default
+with its INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``: the default, so ``model`` too) and ``fp32``
+(the default at fp32: the fp32 graphs, the torch vectors; the held-out comparison of the two: bench/routing_int8.py).
+Routers run from this checkout's root, so the default's relative paths resolve as under ``make run``. graph, the torch vectors; the held-out comparison of the two: bench/routing_int8.py). Latency only: the production gate model trained on
 train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
 gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
@@ -33,8 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
 # arm -> extra router environment
-ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"}, "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},
+ARMS = {"model": {}, "off": {"NEXUS_ROUTER_ARG_EVIDENCE": "false"},
+        "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0", "NEXUS_ROUTER_ARG_EVIDENCE": "false"},
+        "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true", "NEXUS_ROUTER_LATE_READER_DIR": ""},
         "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
         "late-fp32": {"NEXUS_ROUTER_ARG_EVIDENCE": "true", "NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"},
         "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}, "fp32": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}}
@@ -61,7 +66,8 @@ def start_router(store: str, port: int, gate: str, threads: int, extra_env: dict
                NEXUS_ROUTER_METRICS_PORT="0", NEXUS_ROUTER_LOG_LEVEL="INFO")
     env.update(extra_env)  # an arm's settings win
     return subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "router", "--port", str(port),
-                             "--store", store], env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
+                             "--store", store], env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"),
+                            cwd=REPO)
 
 
 def wait_serving(ch, proc, log_path: Path, timeout_s: float = 300) -> None:
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="lines to send (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="router torch threads")
     ap.add_argument("--repeats", type=int, default=2, help="passes over the lines (each arm gets every line per pass)")
-    ap.add_argument("--arms", default="model,text", help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--arms", default="model,off,text", help=f"comma-separated, of {', '.join(ARMS)}")
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]

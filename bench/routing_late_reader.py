@@ -45,6 +45,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -612,29 +613,90 @@ EXPORT_CLIP = 2.0
 EXPORT_ENUM_WORDS = True
 
 
+# what an exported late reader is made from, beside its inputs' bytes, in its export key: a change retrains or
+# recalibrates it, an unchanged input keeps it (`make setup` runs the export on every fresh clone)
+EXPORT_SOURCES = ("bench/routing_late_reader.py", "bench/routing_stated_probe.py", "services/router/late_reader.py",
+                  "services/router/argevidence.py", "services/evals/routing_models.py",
+                  "services/engine/slot_training.py")
+
+
+def _input_files(path: str) -> list[Path]:
+    """A JSONL file or a directory of them, sorted ('' = none)."""
+    if not path:
+        return []
+    p = Path(path)
+    return sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+
+
+def export_key(a: argparse.Namespace, gate: Path) -> str:
+    """The export's identity: its flags, the gate model's gate.json, the data it trains and calibrates on, and the code
+    that makes it (``EXPORT_SOURCES``)."""
+    repo = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(json.dumps([FORMAT, HEAD_VERSION, TRAINER, a.epochs, a.route_epochs, a.layers, a.clip,
+                                   not a.no_enum_words]).encode())
+    h.update((gate / "gate.json").read_bytes())
+    for f in [*_input_files(a.queries), *_input_files(a.augment), *_input_files(a.calibration),
+              *(repo / s for s in EXPORT_SOURCES), *sorted(Path(a.tools).glob("*.json"))]:
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def export_current(out: str, key: str) -> bool:
+    """Whether ``out`` holds a complete late reader exported with ``key``."""
+    from services.router import late_reader
+
+    if not late_reader.exists(out):
+        return False
+    try:
+        doc = json.loads((Path(out) / late_reader.META_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return doc.get("export_key") == key and bool(doc.get("arg_evidence")) \
+        and (Path(out) / late_reader.INT8_GRAPH_FILE).is_file()
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Replace the directory ``out`` by ``tmp``: a router starting meanwhile finds the old reader or the new one
+    (or, in the instant between the two renames, none, and routes without the stage), never half of one."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        import shutil
+
+        shutil.rmtree(old)
+
+
 def export(reader: LateReader, gate: Path, queries, registry, calibration, out: str, clip: float = EXPORT_CLIP,
-           enum_words: bool = EXPORT_ENUM_WORDS) -> int:
+           enum_words: bool = EXPORT_ENUM_WORDS, key: str = "") -> int:
     """``reader`` (``head_for``'s, for the production model at ``gate``) as the router's late reader at ``out``, both
     graphs, with the stage calibrated for it as ``make models`` calibrates it for the slot reader (the model's
     validation + calibration lines, full registry; its cross-fit beside it) on what a router at the default precision
-    reads: the INT8 graph's states, at the query encoder's truncation."""
+    reads: the INT8 graph's states, at the query encoder's truncation. Written beside ``out`` and swapped in when
+    complete; ``key`` (``export_key``) is recorded in it."""
     from services.evals.routing_models import calibrate_arg_evidence
     from services.router import late_reader
 
     gate_meta = json.loads((gate / "gate.json").read_text())
-    late_reader.save(out, reader.head, reader.transformer, reader.tokenizer, reader.threshold, reader.meta, gate_meta)
-    late_reader.add_int8(out, gate)
-    read8 = graph_reader(reader, Path(out) / late_reader.INT8_GRAPH_FILE, int(gate_meta["hyperparams"]["q_max_len"]))
+    final = Path(out)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    late_reader.save(tmp, reader.head, reader.transformer, reader.tokenizer, reader.threshold,
+                     {**reader.meta, "export_key": key}, gate_meta)
+    late_reader.add_int8(tmp, gate)
+    read8 = graph_reader(reader, tmp / late_reader.INT8_GRAPH_FILE, int(gate_meta["hyperparams"]["q_max_len"]))
     section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=read8,
                                      write=False, clip=clip, enum_words=enum_words)
-    late_reader.set_arg_evidence(out, section)
+    late_reader.set_arg_evidence(tmp, section)
+    swap_in(tmp, final)
     cf = section["crossfit"]
     print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],
                       "tau": section["tau"], "choose_top1_slb": section["choose_top1_slb"],
                       "choose_top1": section["choose_top1"], "choose_top1_crossfit": cf["top1"],
                       "choose_escalation_rate": section["choose_escalation_rate"], "clip": section["clip"],
                       "enum_words": section["enum_words"]}, indent=1))
-    print(f"NEXUS_ROUTER_ARG_EVIDENCE=true NEXUS_ROUTER_LATE_READER_DIR={out} serves with it")
+    print(f"NEXUS_ROUTER_LATE_READER_DIR={out} serves with it (var/models/late_reader is the router's default)")
     return 0
 
 
@@ -740,11 +802,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(%(default)s; reports/routing_experiments.md §26)")
     ap.add_argument("--no-enum-words", action="store_true",
                     help="--export: read enum parameters as spans only, as before §28")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
     a = ap.parse_args(argv)
     if a.export and a.routing_only:
         ap.error("--export writes the production head, which --routing-only does not train")
+    for flag, path in (("--gate", Path(a.gate) / "gate.json"), ("--tools", Path(a.tools)),
+                       ("--queries", Path(a.queries)), ("--augment", Path(a.augment))):
+        if not a.quantize and not path.exists():
+            ap.error(f"{flag}: no {path} (`make setup` trains the gate model; the data is ../shared/data and data/)")
 
     prepare_training_env()
+    key = export_key(a, Path(a.gate).resolve()) if a.export else ""
+    if a.export and not a.retrain and export_current(a.export, key):
+        print(f"late reader at {a.export} is current (export key {key}): kept")
+        return 0
     if a.quantize:
         from services.router.late_reader import add_int8
 
@@ -773,12 +844,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = f"late reader ({last}, K = {a.layers})"
     heads: dict[str, Any] = {}
     if not a.routing_only:  # the production head: what --export writes and production_figures reads
-        prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, k=a.layers, teacher=teacher,
-                                      distill_epochs=a.distill_epochs, groups=groups, route_epochs=a.route_epochs)
+        prod, rec, earlier = head_for(gate, train, val, out, a.epochs, a.retrain, progress=not a.quiet, k=a.layers,
+                                      teacher=teacher, distill_epochs=a.distill_epochs, groups=groups,
+                                      route_epochs=a.route_epochs)
         heads["production"] = rec
     if a.export:
         return export(prod, gate, queries, registry, load_augment(a.calibration), a.export, a.clip,
-                      not a.no_enum_words)
+                      not a.no_enum_words, key=key)
     if a.routing_only:
         report: dict[str, Any] = {"heads": heads, "d": D, "k": a.layers, "route_groups": len(groups),
                                   "protocol": "heads only (--routing-only): the routing figures are --routing-json's"}

@@ -253,9 +253,11 @@ def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1,
     from services.router.config import RouterConfig
     from services.router.router import Router
 
+    # the stage with the slot reader when ``slots`` is given (a fold model's late reader is
+    # bench/routing_late_reader.py's), else none
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir or ""), torch_threads=threads,
                        exemplar_weight=exemplar_weight, arg_evidence=bool(slots), slots_model_dir=slots,
-                       query_encoder_precision=precision)
+                       late_reader_dir="", query_encoder_precision=precision)
     router = Router(cfg, store, embedder)
     asyncio.run(router.sync(force=True))
     return router

@@ -34,16 +34,15 @@ class RouterConfig(TransportSecurity):
     # Missing or unreadable: routing is SLB-only over base embeddings and never escalates (logged).
     gate_model_dir: str = "var/models/gate"
     # The gate's argument-evidence stage (services/router/argevidence.py): escalated requests (margin < its tau) are
-    # re-ranked by what the slot reader finds stated, when the gate model holds a calibration for the reader at
-    # slots_model_dir. Off by default: +0.6 points of held-out top-1 at N = 250, but an escalated request takes
-    # ~230 ms on this 2-core VM and ~20 % escalate (gRPC p99 27 -> 585 ms; reports/routing_experiments.md §19).
-    arg_evidence: bool = False
+    # re-ranked by what a reader finds stated in the request. On by default, with the late reader at late_reader_dir
+    # (services/router/late_reader.py, `make setup` trains it and calibrates the stage for it): a small head over the
+    # router's own query-encoder states, ~+1 point of held-out top-1 at N = 250 with ~11-15 % of requests escalated at
+    # ~7-25 ms each (reports/routing_experiments.md §24, §32-34). Missing, stale or uncalibrated: routing goes on
+    # without the stage (logged). late_reader_dir empty: the slot reader at slots_model_dir (~280 ms per escalated
+    # request; `nexus train-gate --slots` calibrates the stage for it). arg_evidence false: no stage.
+    arg_evidence: bool = True
     slots_model_dir: str = "var/models/slots"
-    # A late reader for the stage instead of the slot reader (services/router/late_reader.py): a small head over the
-    # router's own query-encoder states: +7 ms per escalated request at p50 over gRPC instead of ~280 ms (§24 of
-    # reports/routing_experiments.md), with the stage calibrated for it in its directory (`make late-reader`). Empty:
-    # the slot reader.
-    late_reader_dir: str = ""
+    late_reader_dir: str = "var/models/late_reader"
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
     # The query encoder's single-request graph: "int8" (the default: the dynamic quantization of a smoothed copy,

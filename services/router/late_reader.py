@@ -415,8 +415,8 @@ def load(path: str | Path, gate, threads: int = 1, precision: str = "fp32") -> L
         raise ValueError(f"query encoder precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     root = Path(path)
     if not exists(root):
-        log.error("no late reader at %s (%s, %s and %s): the argument-evidence stage is off; "
-                  "bench/routing_late_reader.py --export writes one", root, META_FILE, HEAD_FILE, GRAPH_FILE)
+        log.warning("no late reader at %s (%s, %s and %s): the argument-evidence stage is off; `make setup` "
+                    "(or bench/routing_late_reader.py --export) writes one", root, META_FILE, HEAD_FILE, GRAPH_FILE)
         return None
     graph = GRAPH_FILE
     if precision == "int8":

@@ -370,3 +370,75 @@ def replace_id(ln):
     from dataclasses import replace
 
     return replace(ln, id=f"not-a-row-{ln.id}")
+
+
+def test_export_key_follows_every_input_and_a_current_export_is_kept(tmp_path):
+    """`make setup` runs the export on every fresh clone: the same flags, gate model, data and code give the same key
+    (the reader is kept), any change gives another; a partial or foreign directory is never current."""
+    import json
+
+    lr = load_bench("routing_late_reader")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "gate.json").write_text(json.dumps({"tau": 0.1}))
+    data = tmp_path / "data"
+    (data / "tools").mkdir(parents=True)
+    (data / "tools" / "a.json").write_text("{}")
+    (data / "q.jsonl").write_text("{}\n")
+    (data / "aug").mkdir()
+    (data / "aug" / "x.jsonl").write_text("{}\n")
+    argv = ["--tools", str(data / "tools"), "--queries", str(data / "q.jsonl"), "--augment", str(data / "aug"),
+            "--calibration", "", "--gate", str(gate)]
+
+    def key(*extra):
+        import argparse
+
+        ns = argparse.Namespace(epochs=3, route_epochs=1, layers=2, clip=2.0, no_enum_words=False, tools="", queries="",
+                                augment="", calibration="")
+        it = iter([*argv, *extra])
+        for flag in it:
+            setattr(ns, flag[2:].replace("-", "_"), next(it))
+        return lr.export_key(ns, gate)
+
+    k = key()
+    assert key() == k and len(k) == 16
+    assert key("--epochs", 8) != k and key("--route-epochs", 2) != k
+    (data / "aug" / "x.jsonl").write_text('{"id": "changed"}\n')
+    assert key() != k
+    k = key()
+    (gate / "gate.json").write_text(json.dumps({"tau": 0.2}))  # recalibrated in place
+    assert key() != k
+    out = tmp_path / "late_reader"
+    assert not lr.export_current(str(out), k)  # nothing there
+    out.mkdir()
+    for f in ("head.safetensors", "states.onnx", "states.int8.onnx"):
+        (out / f).write_bytes(b"x")
+    (out / "late_reader.json").write_text(json.dumps({"export_key": k, "arg_evidence": {"feature": "req_min"}}))
+    assert lr.export_current(str(out), k) and not lr.export_current(str(out), "another")
+    (out / "states.int8.onnx").unlink()  # half an export
+    assert not lr.export_current(str(out), k)
+    (out / "late_reader.json").write_text("{not json")
+    assert not lr.export_current(str(out), k)
+
+
+def test_an_export_is_swapped_in_whole(tmp_path):
+    lr = load_bench("routing_late_reader")
+    out, new = tmp_path / "late_reader", tmp_path / ".late_reader.tmp"
+    out.mkdir()
+    (out / "old").write_text("old")
+    new.mkdir()
+    (new / "new").write_text("new")
+    lr.swap_in(new, out)
+    assert [p.name for p in out.iterdir()] == ["new"] and not new.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["late_reader"]  # the old one is gone
+    fresh = tmp_path / ".fresh"
+    fresh.mkdir()
+    lr.swap_in(fresh, tmp_path / "first")  # nothing to replace
+    assert (tmp_path / "first").is_dir()
+
+
+def test_the_bench_names_a_missing_input_before_loading_anything(tmp_path, capsys):
+    lr = load_bench("routing_late_reader")
+    with pytest.raises(SystemExit) as e:
+        lr.main(["--gate", str(tmp_path / "nogate"), "--export", str(tmp_path / "out")])
+    assert e.value.code == 2 and "make setup" in capsys.readouterr().err

@@ -306,7 +306,8 @@ def _router(tmp_path, gate_dir, slots, tools, on=True):
     store = LocalStore(str(tmp_path / "store"))
     store.registry_put(list(tools))
     router = Router(RouterConfig(store_url=str(tmp_path / "store"), gate_model_dir=str(gate_dir),
-                                 arg_evidence=on, slots_model_dir=slots, torch_threads=1), store, Embedder(""))
+                                 arg_evidence=on, slots_model_dir=slots, late_reader_dir="", torch_threads=1), store,
+                    Embedder(""))
     asyncio.run(router.sync(force=True))
     return router
 
@@ -328,7 +329,7 @@ def test_the_router_escalates_near_ties_to_the_argument_evidence(tmp_path, reade
     assert d.tool == want and d.score == pytest.approx(slb4[top4.index(want)] + 10.0 * feats[top4.index(want)])
     scores = [s for _, s in d.candidates]  # the top 3 of the re-ranked 4, fused scores, best first
     assert len(scores) == 3 and scores == sorted(scores, reverse=True)
-    # the same model with the stage off (the default), without a reader, or with the stage calibrated for another SLB:
+    # the same model with the stage off, without a reader, or with the stage calibrated for another SLB:
     # no escalation
     off = _router(tmp_path / "c", gate_dir, SLOTS, k8s, on=False)
     assert off.arg_evidence is None and off.decide("pods in kube-system please", 3).gate == "auto"
