@@ -682,14 +682,20 @@ def export(reader: LateReader, gate: Path, queries, registry, calibration, out: 
     final = Path(out)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    late_reader.save(tmp, reader.head, reader.transformer, reader.tokenizer, reader.threshold,
-                     {**reader.meta, "export_key": key}, gate_meta)
-    late_reader.add_int8(tmp, gate)
-    read8 = graph_reader(reader, tmp / late_reader.INT8_GRAPH_FILE, int(gate_meta["hyperparams"]["q_max_len"]))
-    section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=read8,
-                                     write=False, clip=clip, enum_words=enum_words)
-    late_reader.set_arg_evidence(tmp, section)
-    swap_in(tmp, final)
+    try:
+        late_reader.save(tmp, reader.head, reader.transformer, reader.tokenizer, reader.threshold,
+                         {**reader.meta, "export_key": key}, gate_meta)
+        late_reader.add_int8(tmp, gate)
+        read8 = graph_reader(reader, tmp / late_reader.INT8_GRAPH_FILE, int(gate_meta["hyperparams"]["q_max_len"]))
+        section = calibrate_arg_evidence(gate, queries, registry, calibration, "", force=True, reader=read8,
+                                         write=False, clip=clip, enum_words=enum_words)
+        late_reader.set_arg_evidence(tmp, section)
+        swap_in(tmp, final)
+    finally:  # interrupted or failed: the old reader stays, nothing half-written is left beside it
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
     cf = section["crossfit"]
     print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],
                       "tau": section["tau"], "choose_top1_slb": section["choose_top1_slb"],

@@ -442,3 +442,30 @@ def test_the_bench_names_a_missing_input_before_loading_anything(tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         lr.main(["--gate", str(tmp_path / "nogate"), "--export", str(tmp_path / "out")])
     assert e.value.code == 2 and "make setup" in capsys.readouterr().err
+
+
+def test_a_failed_export_leaves_the_old_reader_and_nothing_beside_it(tmp_path, monkeypatch):
+    import json
+    from types import SimpleNamespace
+
+    from services.router import late_reader
+
+    lr = load_bench("routing_late_reader")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "gate.json").write_text(json.dumps({"hyperparams": {"q_max_len": 96}}))
+    out = tmp_path / "models" / "late_reader"
+    out.mkdir(parents=True)
+    (out / "late_reader.json").write_text('{"old": true}')
+
+    def half_written(path, *args, **kw):  # writes part of a reader, then fails (a full disk, Ctrl-C)
+        path.mkdir(parents=True)
+        (path / "head.safetensors").write_bytes(b"part")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(late_reader, "save", half_written)
+    reader = SimpleNamespace(head=None, transformer=None, tokenizer=None, threshold=0.0, meta={})
+    with pytest.raises(KeyboardInterrupt):
+        lr.export(reader, gate, [], None, [], str(out), key="k")
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["late_reader"]
+    assert (out / "late_reader.json").read_text() == '{"old": true}'
