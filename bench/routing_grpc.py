@@ -17,8 +17,8 @@ reading with the ``--slots`` reader, ``NEXUS_ROUTER_LATE_READER_DIR=''``), ``lat
 the reader's INT8 states graph embeds when it has one), ``late-fp32`` (the same at fp32), ``int8`` (the default
 with its INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``: the default, so ``model`` too) and ``fp32``
 (the default at fp32: the fp32 graphs, the torch vectors; the held-out comparison of the two: bench/routing_int8.py).
-Routers run from this checkout's root, so the default's relative paths resolve as under ``make run``. graph, the torch vectors; the held-out comparison of the two: bench/routing_int8.py). Latency only: the production gate model trained on
-train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
+Routers run from this checkout's root, so the default's relative paths resolve as under ``make run``. Latency only:
+the production gate model trained on train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
 gate was calibrated to, ~20 %; train.jsonl's trained lines rarely do).
 """

@@ -47,6 +47,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -620,22 +621,16 @@ EXPORT_SOURCES = ("bench/routing_late_reader.py", "bench/routing_stated_probe.py
                   "services/engine/slot_training.py")
 
 
-def _input_files(path: str) -> list[Path]:
-    """A JSONL file or a directory of them, sorted ('' = none)."""
-    if not path:
-        return []
-    p = Path(path)
-    return sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
-
-
 def export_key(a: argparse.Namespace, gate: Path) -> str:
     """The export's identity: its flags, the gate model's gate.json, the data it trains and calibrates on, and the code
     that makes it (``EXPORT_SOURCES``)."""
+    from services.evals.routing_models import jsonl_files
+
     repo = Path(__file__).resolve().parents[1]
     h = hashlib.sha256(json.dumps([FORMAT, HEAD_VERSION, TRAINER, a.epochs, a.route_epochs, a.layers, a.clip,
                                    not a.no_enum_words]).encode())
     h.update((gate / "gate.json").read_bytes())
-    for f in [*_input_files(a.queries), *_input_files(a.augment), *_input_files(a.calibration),
+    for f in [*jsonl_files(a.queries), *jsonl_files(a.augment), *jsonl_files(a.calibration),
               *(repo / s for s in EXPORT_SOURCES), *sorted(Path(a.tools).glob("*.json"))]:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
@@ -663,8 +658,6 @@ def swap_in(tmp: Path, out: Path) -> None:
         out.rename(old)
     tmp.rename(out)
     if old.exists():
-        import shutil
-
         shutil.rmtree(old)
 
 
@@ -693,8 +686,6 @@ def export(reader: LateReader, gate: Path, queries, registry, calibration, out: 
         swap_in(tmp, final)
     finally:  # interrupted or failed: the old reader stays, nothing half-written is left beside it
         if tmp.exists():
-            import shutil
-
             shutil.rmtree(tmp)
     cf = section["crossfit"]
     print(json.dumps({"late_reader": out, "feature": section["feature"], "alpha": section["alpha"],

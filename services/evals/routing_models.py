@@ -33,17 +33,22 @@ def prepare_training_env() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def load_augment(path: str | Path) -> list[QueryLine]:
-    """Fit-only training lines (``data/routing_augment/*.jsonl``: requests written from the tool schemas
-    alone, never from the evaluation's query file). A missing directory or '' means none."""
+def jsonl_files(path: str | Path) -> list[Path]:
+    """The files of a JSONL file or a directory of them (sorted; '' = none)."""
     if not path:
         return []
     root = Path(path)
     if root.is_file():
-        return load_queries(root)
+        return [root]
     if not root.is_dir():
         raise FileNotFoundError(f"augment data {root} does not exist")
-    return [ln for f in sorted(root.glob("*.jsonl")) for ln in load_queries(f)]
+    return sorted(root.glob("*.jsonl"))
+
+
+def load_augment(path: str | Path) -> list[QueryLine]:
+    """Fit-only training lines (``data/routing_augment/*.jsonl``: requests written from the tool schemas
+    alone, never from the evaluation's query file). '' means none."""
+    return [ln for f in jsonl_files(path) for ln in load_queries(f)]
 
 
 def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperParams, models_root: str,
