@@ -103,21 +103,22 @@ var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/
 
 # The argument-evidence stage's late reader (services/router/late_reader.py), on by default in the router: a head over
 # the gate model's own query-encoder states, trained on the augment lines (LATE_EPOCHS) and on the stage's decisions
-# (LATE_ROUTE_EPOCHS), then the stage calibrated for it on the gate model's choosing lines (~20 min on 2 cores the
-# first time; heads cached in $(MODEL_CACHE)/late-reader-heads). Kept while its export key (flags, gate.json, data,
-# code) matches; written beside the old one and swapped in. NEXUS_ROUTER_ARG_EVIDENCE=false routes without it.
+# (LATE_ROUTE_EPOCHS), then the stage calibrated for it on the gate model's choosing lines (`nexus train-late-reader`,
+# services/router/late_training.py; ~20 min on 2 cores the first time; heads cached in
+# $(MODEL_CACHE)/late-reader-heads). Kept while its export key (settings, gate.json, data, code) matches; written
+# beside the old one and swapped in. NEXUS_ROUTER_ARG_EVIDENCE=false routes without it.
 # 8 + 2 epochs: 3 + 1 (~9 min) gained 0.3 points on the choosing lines, under MIN_GAIN, so the stage stayed off
 # (cross-fit 81.57 vs 81.82 % SLB); 8 + 2 gains 1.3 (cross-fit 82.34 %; reports/routing_experiments.md §34).
 LATE_EPOCHS ?= 8
 LATE_ROUTE_EPOCHS ?= 2
 # (Makefile: a change of LATE_EPOCHS reaches the export key; anything else there keeps the reader in ~10 s)
 var/models/late_reader/late_reader.json: var/models/gate/gate.json $(QUERIES) $(AUGMENT) $(CALIBRATION) Makefile \
-		bench/routing_late_reader.py services/router/late_reader.py services/router/argevidence.py
+		services/router/late_training.py services/router/late_reader.py services/router/argevidence.py
 	mkdir -p $(MODEL_CACHE) var/models
-	$(PY) bench/routing_late_reader.py --route --epochs $(LATE_EPOCHS) --route-epochs $(LATE_ROUTE_EPOCHS) \
+	$(VENV)/bin/nexus train-late-reader --epochs $(LATE_EPOCHS) --route-epochs $(LATE_ROUTE_EPOCHS) \
 		--gate var/models/gate --tools $(TOOLS) --queries $(QUERIES) --augment data/routing_augment \
-		--calibration data/routing_calibration --out $(MODEL_CACHE)/late-reader-heads \
-		--export $(MODEL_CACHE)/late_reader $(if $(CI),--quiet,)
+		--calibration data/routing_calibration --heads $(MODEL_CACHE)/late-reader-heads \
+		--out $(MODEL_CACHE)/late_reader $(if $(CI),--quiet,)
 	ln -sfn $(MODEL_CACHE)/late_reader var/models/late_reader
 	touch $@
 

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate", default="var/models/gate")
     ap.add_argument("--slots", default="var/models/slots", help="slot reader of the argument-evidence stage")
     ap.add_argument("--late-reader", default="var/models/late_reader",
-                    help="the late arm's reader (bench/routing_late_reader.py --export)")
+                    help="the late arm's reader (`nexus train-late-reader`)")
     ap.add_argument("--json", default="reports/routing_grpc.json")
     ap.add_argument("--limit", type=int, default=0, help="lines to send (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="router torch threads")

@@ -7,6 +7,7 @@
     nexus route "QUERY"                     route a request
     nexus generate --tool NAME "QUERY"      stream the arguments for a tool call
     nexus train-gate --queries F --tools D  fine-tune the router's query encoder + cross-encoder gate
+    nexus train-late-reader --queries F --tools D   train the router's late reader (argument-evidence stage)
     nexus train-slots --queries F --tools D --augment A   fine-tune the engine's slot reader (argument hints)
     nexus eval routing|args|fidelity|ttft|drift   evaluations (JSON report + PNG plot)
 """
@@ -305,10 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     from services.evals.args import add_args_eval_parser
 
     add_args_eval_parser(esub)
-    from services.evals.cli_routing import add_routing_eval_parser, add_train_gate_parser
+    from services.evals.cli_routing import (
+        add_routing_eval_parser,
+        add_train_gate_parser,
+        add_train_late_reader_parser,
+    )
 
     add_routing_eval_parser(esub)
     add_train_gate_parser(sub)
+    add_train_late_reader_parser(sub)
     from services.engine.slot_training import add_train_slots_parser
 
     add_train_slots_parser(sub)

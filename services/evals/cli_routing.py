@@ -1,10 +1,11 @@
-"""CLI wiring for routing: ``nexus eval routing`` and ``nexus train-gate``.
+"""CLI wiring for routing: ``nexus eval routing``, ``nexus train-gate`` and ``nexus train-late-reader``.
 
 ``services/cli.py`` wires them:
 
     eval_sub = sub.add_parser("eval", ...).add_subparsers(dest="eval_cmd", required=True)
     add_routing_eval_parser(eval_sub)        # -> nexus eval routing ...
     add_train_gate_parser(sub)               # -> nexus train-gate ...
+    add_train_late_reader_parser(sub)        # -> nexus train-late-reader ...
 
 Each parser sets ``fn`` (args -> exit code), the convention of ``services.cli``.
 """
@@ -186,6 +187,61 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def add_train_late_reader_parser(subparsers) -> argparse.ArgumentParser:
+    """``train-late-reader`` at the top level: train (or keep the current) late reader of a gate model, the
+    argument-evidence stage's reader the router loads by default (services/router/late_training.py)."""
+    from services.router.late_reader import K
+    from services.router.late_training import EPOCHS, EXPORT_CLIP, ROUTE_EPOCHS
+
+    p = subparsers.add_parser("train-late-reader",
+                              help="train the router's late reader for a gate model and calibrate its stage")
+    p.add_argument("--queries", required=True,
+                   help="the gate model's training JSONL (its validation lines are drawn from it; the tune split "
+                        "sets the reader's threshold)")
+    p.add_argument("--tools", required=True, help="registry directory the queries route over")
+    p.add_argument("--gate", default="var/models/gate", help="the gate model whose query encoder the reader reads")
+    p.add_argument("--out", default="var/models/late_reader",
+                   help="late reader directory (RouterConfig.late_reader_dir); kept while its export key matches")
+    p.add_argument("--heads", default="var/models/late-reader-heads",
+                   help="cache of trained heads, per gate model (reused unless --force)")
+    p.add_argument("--augment", default=_checkout_data("routing_augment"),
+                   help="the lines the head trains on: a JSONL file or a directory of them (default: "
+                        "data/routing_augment of this checkout)")
+    p.add_argument("--calibration", default=_checkout_data("routing_calibration"),
+                   help="held-out lines the stage is calibrated on beside the gate model's validation lines "
+                        "(default: data/routing_calibration of this checkout)")
+    p.add_argument("--epochs", type=_positive_int, default=EPOCHS, help="span epochs (%(default)s)")
+    p.add_argument("--route-epochs", type=_positive_int, default=ROUTE_EPOCHS,
+                   help="epochs on the stage's decisions (%(default)s)")
+    p.add_argument("--layers", type=_positive_int, default=K, help="the head's transformer layers (%(default)s)")
+    p.add_argument("--clip", type=float, default=EXPORT_CLIP,
+                   help="where a required parameter's score saturates in the stage's features (%(default)s)")
+    p.add_argument("--no-enum-words", action="store_true", help="read enum parameters as spans only")
+    p.add_argument("--force", action="store_true", help="retrain the head and re-export even when current")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    def run(args: argparse.Namespace) -> int:
+        from services.router.late_training import train_late_reader
+
+        t0 = time.time()
+        doc = train_late_reader(args.out, gate=args.gate, tools=args.tools, queries=args.queries,
+                                augment=args.augment, calibration=args.calibration, heads=args.heads,
+                                epochs=args.epochs, route_epochs=args.route_epochs, layers=args.layers,
+                                clip=args.clip, enum_words=not args.no_enum_words, retrain=args.force,
+                                progress=not args.quiet)
+        if doc.get("kept"):
+            print(f"late reader at {args.out} is current (export key {doc['export_key']}): kept")
+            return 0
+        doc.pop("head", None)
+        print(json.dumps({**doc, "seconds": round(time.time() - t0)}, indent=1))
+        print(f"NEXUS_ROUTER_LATE_READER_DIR={args.out} serves with it (var/models/late_reader is the router's "
+              "default)")
+        return 0
+
+    p.set_defaults(fn=run)
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """Stand-alone entry (``python -m services.evals.cli_routing eval routing ...`` / ``... train-gate ...``)
     for use before ``services.cli`` wires these commands."""
@@ -196,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="offline evaluations").add_subparsers(dest="eval_cmd", required=True)
     add_routing_eval_parser(ev)
     add_train_gate_parser(sub)
+    add_train_late_reader_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.fn(args) or 0)

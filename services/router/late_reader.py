@@ -13,7 +13,8 @@ pass the router already makes over the request to embed it (reports/routing_expe
   ~11 / 26 / 44 ms p50 / p95 / p99 on one thread (bench/routing_late_reader.py);
 * a question's score is its best span's logit minus "not stated" (the request's [CLS]), as the slot reader's.
 
-A late-reader directory (``save``; bench/routing_late_reader.py ``--export`` trains and calibrates one):
+A late-reader directory (``save``; `nexus train-late-reader`, services/router/late_training.py, trains and
+calibrates one):
 
     late_reader.json  format, the head's shape, its stated threshold and data hash, the gate model it reads
                       (``gate``: its data hash) and ``arg_evidence``: the stage calibrated with this reader under
@@ -416,7 +417,7 @@ def load(path: str | Path, gate, threads: int = 1, precision: str = "fp32") -> L
     root = Path(path)
     if not exists(root):
         log.warning("no late reader at %s (%s, %s and %s): the argument-evidence stage is off; `make setup` "
-                    "(or bench/routing_late_reader.py --export) writes one", root, META_FILE, HEAD_FILE, GRAPH_FILE)
+                    "(or `nexus train-late-reader`) writes one", root, META_FILE, HEAD_FILE, GRAPH_FILE)
         return None
     graph = GRAPH_FILE
     if precision == "int8":
