@@ -107,9 +107,13 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("int8", "fp32"), default=None,
                    help="the query encoder's graph (default: the router's, query_encoder_precision)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--late-reader", action=argparse.BooleanOptionalAction, default=True,
+                   help="route each fold model with its own late reader, as the default router reads (trained once "
+                        "per fold model and cached under --models-root, ~20 min each; --no-late-reader: no second "
+                        "stage; ignored with --slots)")
     _add_calibration_arg(p)
-    _add_slots_arg(p, "each fold model's second stage is calibrated for and routes with (the router's "
-                      "NEXUS_ROUTER_ARG_EVIDENCE=true; the held-out server's model never has it)", "")
+    _add_slots_arg(p, "each fold model's second stage is calibrated for and routes with instead of the late reader "
+                      "(NEXUS_ROUTER_LATE_READER_DIR=''; the held-out server's model never has it)", "")
     _add_hp_args(p)
 
     def run(args: argparse.Namespace) -> int:
@@ -122,7 +126,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
                        concat_from=args.concat_from, augment=args.augment, calibration=args.calibration,
-                       draws=args.draws, slots=args.slots, precision=args.precision)
+                       draws=args.draws, slots=args.slots, precision=args.precision,
+                       late_reader=args.late_reader and not args.slots)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],

@@ -14,6 +14,11 @@ Protocol (also written into the report as ``protocol``):
   distractors per size: rates are over all (line, draw) pairs, the 95 % intervals are bootstraps over lines of
   each line's mean over its draws, and ``accuracy_by_draw`` shows what the draw alone moves (1.4 points at N = 10
   between two draws in reports/routing_experiments.md §17). The untrained baseline and concat-all use the first draw.
+* Second stage. With ``--late-reader`` (the default, as the router's default) each fold model routes with its own
+  late reader (services/router/late_training.fold_late_reader): the head trained on the augment lines as
+  production's, its threshold on the fold's training lines, the argument-evidence stage calibrated on that model's
+  validation + calibration lines; none of fold f's lines reaches it. ``--slots DIR`` routes with the slot reader
+  instead; ``--no-late-reader`` without a stage. The held-out server's model never has one.
 * Correctness counts the equivalence groups of queries/README.md as correct.
 * Latency ``route_ms`` is measured per routed request inside the router (query embedding + INT8 scan +
   gate + cross-encoder when escalated), in-process; gRPC latency is bench/routing_grpc.py.
@@ -249,15 +254,15 @@ def load_protocol(queries: str, tools: str, sizes: str, *, folds: int = 3, seed:
 
 
 def _open_router(store, embedder, gate_dir: str | Path | None, threads: int = 1, exemplar_weight: float = -1.0,
-                 slots: str = "", precision: str = "fp32"):
+                 slots: str = "", precision: str = "fp32", late_reader: str | Path = ""):
     from services.router.config import RouterConfig
     from services.router.router import Router
 
-    # the stage with the slot reader when ``slots`` is given (a fold model's late reader is
-    # bench/routing_late_reader.py's), else none
+    # the stage with the late reader at ``late_reader`` (the default router's), else with the slot reader when
+    # ``slots`` is given, else none
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir=str(gate_dir or ""), torch_threads=threads,
-                       exemplar_weight=exemplar_weight, arg_evidence=bool(slots), slots_model_dir=slots,
-                       late_reader_dir="", query_encoder_precision=precision)
+                       exemplar_weight=exemplar_weight, arg_evidence=bool(slots or late_reader),
+                       slots_model_dir=slots, late_reader_dir=str(late_reader), query_encoder_precision=precision)
     router = Router(cfg, store, embedder)
     asyncio.run(router.sync(force=True))
     return router
@@ -479,7 +484,7 @@ def plot(report: dict[str, Any], path: str) -> None:
     series([report["sizes"][s]["accuracy"] for s in sizes], [report["sizes"][s]["ci95"] for s in sizes],
            "Nexus: SLB + margin gate + second stage", "o-", "#1d3557")
     series([report["sizes"][s]["slb_top1"] for s in sizes], [report["sizes"][s]["slb_top1_ci95"] for s in sizes],
-           "SLB top-1 (tuned query encoder)", "s--", "#457b9d")
+           "SLB top-1 (tuned query encoder): the router without its second stage", "s--", "#457b9d")
     series([report["sizes"][s]["slb_top3"] for s in sizes], [report["sizes"][s]["slb_top3_ci95"] for s in sizes],
            "SLB top-3", "^:", "#a8dadc")
     base = report.get("baseline_untrained_slb") or {}
@@ -523,7 +528,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
              augment: str = "", calibration: str = "", draws: int = 1, slots: str = "",
-             precision: str | None = None) -> dict[str, Any]:
+             precision: str | None = None, late_reader: bool = False) -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
     from services.router.config import RouterConfig
 
@@ -550,6 +555,15 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
         raise ValueError(f"{len(clash)} calibration line ids are also query or augment ids (e.g. {min(clash)})")
     fold_dirs = fold_models(lines, fold_of, folds, registry, hp, models_root, progress, extra=extra,
                             calibration=calib, slots=slots)
+    late: dict[int, tuple[Path, dict[str, Any]]] = {}
+    if late_reader:  # each fold model's own late reader, from its fold's lines, as the default router reads
+        if slots:
+            raise ValueError("late_reader and slots: the stage reads one of them")
+        from services.router.late_training import fold_late_reader
+
+        for f, gdir in enumerate(fold_dirs):
+            train = [ln for ln, g in zip(lines, fold_of, strict=True) if g != f]
+            late[f] = fold_late_reader(gdir, registry, train, extra, calib, models_root, progress=progress)
     servers = registry.servers()
     # no argument-evidence stage for the held-out server's model: the slot reader trained on every server's
     # augment lines, that server's included, so it would carry what the model must not have seen
@@ -566,9 +580,11 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
         with tqdm(total=len(lines), desc="routing (held-out folds)", disable=not progress) as bar:
             for f, gdir in enumerate(fold_dirs):
                 router = _open_router(store, embedder, gdir, exemplar_weight=exemplar_weight, slots=slots,
-                                      precision=precision)
+                                      precision=precision, late_reader=late[f][0] if f in late else "")
                 if router.gate is None:
                     raise RuntimeError(f"gate model {gdir} did not load")
+                if f in late and router.arg_evidence is None and late[f][1].get("feature") != "none":
+                    raise RuntimeError(f"fold {f}: the late reader at {late[f][0]} did not load")
                 idxs = [i for i, g in enumerate(fold_of) if g == f]
                 for k, recs in route_lines(router, lines, all_regs, idxs, bar).items():
                     records[k].extend(recs)
@@ -586,12 +602,18 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
                                           "n_biased_tools": len((meta.get("slb") or {}).get("tool_bias") or {})},
                                   "arg_evidence": {k: v for k, v in (meta.get("arg_evidence") or {}).items()
                                                    if k != "grid"} or None,
-                                  "arg_evidence_active": router.arg_evidence is not None})
+                                  "arg_evidence_active": router.arg_evidence is not None,
+                                  "late_reader": ({k: v for k, v in late[f][1].items() if k != "head"}
+                                                  | {"dir": str(late[f][0])}) if f in late else None})
         base = base_slb_summary(embedder, router, lines, regs)
         def by_draw(recs: dict[tuple[str, int], list[dict[str, Any]]], size: str, keep=lambda r: True):
             return [sorted((r for r in recs[size, d] if keep(r)), key=lambda r: r["i"]) for d in range(draws)]
 
         report_sizes = {s: summarize_draws(by_draw(records, s), _size_n(s, registry)) for s in size_list}
+        for s in size_list:  # what the second stage changed: (line, draw) pairs it fixed and broke against the SLB
+            recs = [r for d in range(draws) for r in records[s, d]]
+            report_sizes[s]["second_stage_fixed"] = sum(r["correct"] and not r["slb_top1"] for r in recs)
+            report_sizes[s]["second_stage_broken"] = sum(r["slb_top1"] and not r["correct"] for r in recs)
 
         generalization = None
         if hold_dir is not None:
@@ -625,6 +647,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             "equivalence_groups_count_as_correct": True,
             "hyperparams": asdict(hp),
             "query_encoder_precision": precision,
+            "second_stage": "late reader per fold" if late_reader else "slot reader" if slots else "none",
             "exemplar_weight": exemplar_weight if exemplar_weight >= 0 else "each model's validation-chosen weight "
                                                                             "(folds[].slb.exemplar_weight)",
             "augment": {"source": str(augment), "n_lines": len(extra),

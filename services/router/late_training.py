@@ -640,6 +640,28 @@ def build(gate: str | Path, registry, lines, augment, calibration, out: str | Pa
     return {**summary, "head": rec}
 
 
+def fold_late_reader(gate_dir: str | Path, registry, lines, augment, calibration, root: str | Path,
+                     progress: bool = True, **settings: Any) -> tuple[Path, dict[str, Any]]:
+    """The late reader of one of `nexus eval routing`'s fold models, built as `make setup` builds the production one
+    but from the fold's data only: its head's threshold on the tune split of the fold's training ``lines``, the stage
+    calibrated on the fold model's validation lines (drawn from ``lines``) + ``calibration``; ``augment`` as
+    production. Written to ``root``/late-readers/<model> (heads in ``root``/late-reader-heads, shared with
+    bench/routing_late_reader.py's), kept while its key (the lines, the registry, the model, the code) matches.
+    ``settings``: ``build``'s. Returns the directory and ``build``'s summary."""
+    gate_dir = Path(gate_dir)
+    out = Path(root) / "late-readers" / gate_dir.name
+    s = {"epochs": EPOCHS, "route_epochs": ROUTE_EPOCHS, "layers": K, "clip": EXPORT_CLIP,
+         "enum_words": EXPORT_ENUM_WORDS, **settings}
+    data = json.dumps([[[ln.id, ln.tool, ln.query, ln.args, list(ln.history)] for ln in part]
+                       for part in (lines, augment, calibration)] + [t.canonical_json() for t in registry.tools],
+                      sort_keys=True).encode()
+    key = export_key(gate_dir, [], [s[k] for k in ("epochs", "route_epochs", "layers", "clip", "enum_words")],
+                     extra=hashlib.sha256(data).digest())
+    summary = build(gate_dir, registry, lines, augment, calibration, out, Path(root) / "late-reader-heads", key=key,
+                    progress=progress, **s)
+    return out, summary
+
+
 def files_key(gate: str | Path, tools: str | Path, queries: str | Path, augment: str | Path,
               calibration: str | Path, settings: Sequence[Any]) -> str:
     """``export_key`` of `nexus train-late-reader`'s inputs: the query, augment and calibration JSONL files (or

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from services.router import late_training
-from tests.conftest import load_bench
 from services.router.late_reader import LAYERS
+from tests.conftest import load_bench
 
 
 @pytest.fixture(scope="module")
@@ -424,7 +424,7 @@ def test_make_setups_late_reader_is_the_one_the_commands_defaults_describe():
     is this code."""
     import json
 
-    from services.router.late_reader import K, META_FILE
+    from services.router.late_reader import META_FILE, K
     from tests.conftest import REPO, SHARED
 
     out = REPO / "var" / "models" / "late_reader"
@@ -436,3 +436,45 @@ def test_make_setups_late_reader_is_the_one_the_commands_defaults_describe():
                        [lt.EPOCHS, lt.ROUTE_EPOCHS, K, lt.EXPORT_CLIP, lt.EXPORT_ENUM_WORDS])
     assert doc["export_key"] == key and lt.export_current(str(out), key)
     assert doc["arg_evidence"]["feature"] != "none"  # the calibration kept the stage: on by default, not in name
+
+
+def test_a_fold_models_late_reader_is_built_from_its_folds_lines_and_kept_by_them(tmp_path, monkeypatch, all_tools):
+    """`nexus eval routing --late-reader`: each fold model's reader goes to <root>/late-readers/<model>, heads to
+    <root>/late-reader-heads, with the fold's own lines (its threshold and calibration never see the held-out
+    fold); its key follows those lines, the registry and the model (the build itself is `make setup`'s, above)."""
+    import json
+    from types import SimpleNamespace
+
+    from services.evals.data import QueryLine
+
+    calls = []
+
+    def fake_build(gate, registry, lines, augment, calibration, out, heads, *, key, progress, **s):
+        calls.append({"gate": gate, "lines": [ln.id for ln in lines], "out": out, "heads": heads, "key": key, **s})
+        return {"feature": "stated", "export_key": key}
+
+    monkeypatch.setattr(late_training, "build", fake_build)
+    gate = tmp_path / "gate-abc"
+    gate.mkdir()
+    (gate / "gate.json").write_text(json.dumps({"tau": 0.1}))
+    reg = SimpleNamespace(tools=all_tools[:3])
+
+    def line(i):
+        return QueryLine(id=f"l{i}", server="s", tool=all_tools[0].name, query=f"request {i}", args={}, history=())
+
+    train, aug = [line(1), line(2)], [line(9)]
+    out, summary = late_training.fold_late_reader(gate, reg, train, aug, [], tmp_path, progress=False)
+    assert out == tmp_path / "late-readers" / "gate-abc" and summary["feature"] == "stated"
+    c = calls[-1]
+    assert c["lines"] == ["l1", "l2"] and c["out"] == out and c["heads"] == tmp_path / "late-reader-heads"
+    assert (c["epochs"], c["route_epochs"]) == (late_training.EPOCHS, late_training.ROUTE_EPOCHS)
+    key = c["key"]
+    late_training.fold_late_reader(gate, reg, train, aug, [], tmp_path, progress=False)
+    assert calls[-1]["key"] == key  # the same fold: the same reader
+    late_training.fold_late_reader(gate, reg, [line(1)], aug, [], tmp_path, progress=False)
+    assert calls[-1]["key"] != key  # another fold's lines
+    late_training.fold_late_reader(gate, SimpleNamespace(tools=all_tools[:4]), train, aug, [], tmp_path,
+                                   progress=False)
+    assert calls[-1]["key"] != key  # another registry
+    late_training.fold_late_reader(gate, reg, train, aug, [], tmp_path, progress=False, epochs=3)
+    assert calls[-1]["key"] != key and calls[-1]["epochs"] == 3
