@@ -1,0 +1,51 @@
+"""`nexus eval routing`'s second stage: each fold model routes through a real router with that model's late reader
+(here the production gate model and late reader stand in for the fold models and their readers: the mechanics, not
+held-out figures, which are `make eval`'s)."""
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, SHARED
+
+
+def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_changed(tmp_path, monkeypatch):
+    from services.evals import routing_models
+    from services.router import late_training
+
+    gate, late = REPO / "var" / "models" / "gate", REPO / "var" / "models" / "late_reader"
+    lines = [json.loads(x) for x in (SHARED / "data" / "queries" / "train.jsonl").read_text().splitlines()[:24]]
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    asked = []
+
+    def fold_models(lines, folds, k, *a, **kw):
+        return [gate] * k
+
+    def fold_late_reader(gate_dir, registry, train, augment, calibration, root, progress=True):
+        asked.append({ln.id for ln in train})
+        return late, {"feature": json.loads((late / "late_reader.json").read_text())["arg_evidence"]["feature"]}
+
+    monkeypatch.setattr(routing_models, "fold_models", fold_models)
+    monkeypatch.setattr(late_training, "fold_late_reader", fold_late_reader)
+    from services.evals.routing import evaluate
+
+    rep = evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10,all", str(tmp_path / "r.json"),
+                   holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
+                   late_reader=True)
+    assert rep["protocol"]["second_stage"] == "late reader per fold"
+    folds = rep["folds"]
+    assert [f["arg_evidence_active"] for f in folds] == [True] * 3 and all(f["late_reader"] for f in folds)
+    ids = {x["id"] for x in lines}
+    held = [ids - seen for seen in asked]  # each fold's reader never saw the lines that fold routes
+    assert len(asked) == 3 and all(h and not (h & seen) for h, seen in zip(held, asked, strict=True))
+    for s in ("10", "all"):
+        r = rep["sizes"][s]
+        assert r["n"] == 24 and 0 <= r["escalation_rate"] <= 1
+        flips = r["second_stage_fixed"] - r["second_stage_broken"]
+        assert r["accuracy"] * 24 == pytest.approx(r["slb_top1"] * 24 + flips)
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="one of them"):
+        evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10", str(tmp_path / "s.json"),
+                 holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
+                 late_reader=True, slots=str(REPO / "var" / "models" / "slots"))
