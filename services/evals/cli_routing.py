@@ -96,6 +96,10 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-concat", action="store_true", help="skip the concat-all baseline")
     p.add_argument("--concat-from", default="", help="reuse the concat-all section of an earlier report JSON "
                    "(it does not depend on the router; its source is recorded)")
+    p.add_argument("--generalization-from", default="",
+                   help="reuse the held-out server's routing of an earlier report JSON with the same protocol (that "
+                        "model has no second stage; its source is recorded, the same lines' k-fold figures are this "
+                        "run's)")
     p.add_argument("--model", default="", help="engine GGUF for concat-all (default SmolLM2-135M)")
     p.add_argument("--models-root", default="var/models", help="cache directory of trained gate models")
     p.add_argument("--exemplar-weight", type=float, default=-1.0,
@@ -127,7 +131,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,
                        concat_from=args.concat_from, augment=args.augment, calibration=args.calibration,
                        draws=args.draws, slots=args.slots, precision=args.precision,
-                       late_reader=args.late_reader and not args.slots)
+                       late_reader=args.late_reader and not args.slots,
+                       generalization_from=args.generalization_from)
         brief = {s: {k: v[k] for k in ("n", "accuracy", "ci95", "slb_top1", "slb_top3", "escalation_rate",
                                           "route_ms_p50", "route_ms_p99")} for s, v in rep["sizes"].items()}
         print(json.dumps({"sizes": brief, "json": args.out, "plot": rep["plot"],

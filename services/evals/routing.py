@@ -522,13 +522,29 @@ def plot(report: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def reused_generalization(path: str | Path, seed: int, sizes: Sequence[str], draws: int, n_lines: int) -> dict:
+    """The generalization section of an earlier report at ``path`` (``--generalization-from``): the held-out server's
+    model routes without a second stage, so a run that changes only the stage may reuse it. Raises ValueError when
+    that run's protocol (seed, sizes, draws, lines) differs or it has none."""
+    doc = json.loads(Path(path).read_text())
+    proto, gen = doc.get("protocol") or {}, doc.get("generalization")
+    ours = {"seed": seed, "sizes": list(sizes), "draws": draws, "n_lines": n_lines}
+    theirs = {k: proto.get(k) for k in ours}
+    if theirs != ours:
+        raise ValueError(f"--generalization-from {path}: its protocol {theirs} is not this run's {ours}")
+    if not gen:
+        raise ValueError(f"--generalization-from {path}: no generalization section")
+    return {k: v for k, v in gen.items() if k not in ("same_lines_k_fold", "reused_from")}
+
+
 # -- the evaluation ---------------------------------------------------------------------------------------
 def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int = 0, folds: int = 3,
              holdout_server: str = "kubernetes", concat_limit: int = 30, models_root: str = "var/models",
              exemplar_weight: float = -1.0, hp=None, progress: bool = True, plot_path: str | None = None,
              skip_concat: bool = False, model_path: str = "", concat_from: str = "",
              augment: str = "", calibration: str = "", draws: int = 1, slots: str = "",
-             precision: str | None = None, late_reader: bool = False) -> dict[str, Any]:
+             precision: str | None = None, late_reader: bool = False,
+             generalization_from: str = "") -> dict[str, Any]:
     from services.evals.routing_models import prepare_training_env
     from services.router.config import RouterConfig
 
@@ -549,6 +565,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     # every (size, draw) registry set, routed in one pass per line
     all_regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in size_list}
 
+    reused = reused_generalization(generalization_from, seed, size_list, draws, len(lines)) \
+        if generalization_from else None  # checked before any model is trained
     extra, calib = proto.extra_lines(augment), proto.extra_lines(calibration)
     clash = {ln.id for ln in calib} & ({ln.id for ln in lines} | {ln.id for ln in extra})
     if clash:
@@ -569,7 +587,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     # augment lines, that server's included, so it would carry what the model must not have seen
     hold_dir = holdout_model(lines, holdout_server, registry, hp, models_root, progress, extra=extra,
                              calibration=calib) \
-        if holdout_server and holdout_server in servers else None
+        if holdout_server and holdout_server in servers and not generalization_from else None
 
     embedder = Embedder("")
     records: dict[tuple[str, int], list[dict[str, Any]]] = {k: [] for k in all_regs}
@@ -616,7 +634,14 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
             report_sizes[s]["second_stage_broken"] = sum(r["slb_top1"] and not r["correct"] for r in recs)
 
         generalization = None
-        if hold_dir is not None:
+        if reused is not None:  # the held-out server's model has no second stage: its routing is the earlier run's
+            server = reused["server"]
+            in_dist = {s: summarize_draws(by_draw(records, s, lambda r: registry.server_of[r["tool"]] == server),
+                                          _size_n(s, registry)) for s in size_list}
+            generalization = {**reused, "reused_from": str(generalization_from),
+                              "same_lines_k_fold": {s: {k: in_dist[s][k] for k in ("n", "accuracy", "ci95", "slb_top1",
+                                                                                   "slb_top3")} for s in size_list}}
+        elif hold_dir is not None:
             router = _open_router(store, embedder, hold_dir, exemplar_weight=exemplar_weight, precision=precision)
             idxs = [i for i, ln in enumerate(lines) if registry.server_of[ln.tool] == holdout_server]
             held = route_lines(router, lines, all_regs, idxs)

@@ -30,9 +30,21 @@ def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_c
     monkeypatch.setattr(late_training, "fold_late_reader", fold_late_reader)
     from services.evals.routing import evaluate
 
+    earlier = tmp_path / "earlier.json"  # a run whose held-out server's routing this one reuses
+    server = lines[0]["server"]
+    earlier.write_text(json.dumps({"protocol": {"seed": 0, "sizes": ["10", "all"], "draws": 1, "n_lines": 24},
+                                   "generalization": {"server": server, "n": 5, "sizes": {"10": {"accuracy": 0.5}},
+                                                      "same_lines_k_fold": "the earlier run's"}}))
     rep = evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10,all", str(tmp_path / "r.json"),
                    holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
-                   late_reader=True)
+                   late_reader=True, generalization_from=str(earlier))
+    gen = rep["generalization"]
+    assert gen["reused_from"] == str(earlier) and gen["sizes"] == {"10": {"accuracy": 0.5}}
+    assert gen["same_lines_k_fold"]["10"]["n"] == sum(x["server"] == server for x in lines)  # this run's figures
+    with pytest.raises(ValueError, match="protocol"):
+        evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10", str(tmp_path / "g.json"),
+                 holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
+                 late_reader=True, generalization_from=str(earlier))
     assert rep["protocol"]["second_stage"] == "late reader per fold"
     folds = rep["folds"]
     assert [f["arg_evidence_active"] for f in folds] == [True] * 3 and all(f["late_reader"] for f in folds)
