@@ -76,6 +76,24 @@ EXPORT_SOURCES = ("services/router/late_training.py", "services/router/late_read
                   "services/router/argevidence.py", "services/evals/routing_models.py",
                   "services/engine/slot_training.py")
 REPO = Path(__file__).resolve().parents[2]
+# cached heads are safetensors: loading one runs no code (nothing under services/ unpickles)
+HEAD_SUFFIX = ".safetensors"
+
+
+def save_weights(module, path: Path) -> None:
+    """``module``'s weights to ``path`` (safetensors), written beside it and renamed into place."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({k: v.detach().contiguous() for k, v in module.state_dict().items()}, str(tmp))
+    os.replace(tmp, path)
+
+
+def load_weights(module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    module.load_state_dict(load_file(str(path)))
 
 
 def answer_tokens(offsets: np.ndarray, start: int, end: int) -> tuple[int, int]:
@@ -463,18 +481,17 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     h = hashlib.sha256(json.dumps([HEAD_VERSION, TRAINER, D, k, epochs, len(train)]).encode())
     h.update((gate_dir / "query_encoder" / "model.safetensors").read_bytes()[:1 << 20])
     key = h.hexdigest()[:16]
-    path = out / gate_dir.name / f"head-{key}.pt"
+    path = out / gate_dir.name / f"head-{key}{HEAD_SUFFIX}"
     torch.manual_seed(0)
     head = build_head(k=k)
     rec: dict[str, Any] = {"gate": gate_dir.name, "layers": k, "encode_seconds": enc_s}
     if path.is_file() and not retrain:
-        head.load_state_dict(torch.load(path))
+        load_weights(head, path)
         rec["reused"] = str(path)
     else:
         t = time.time()
         losses = train_head(head, train, qs, cs, epochs=epochs, progress=progress, label=f"late reader {gate_dir.name}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(head.state_dict(), path)
+        save_weights(head, path)
         rec.update(seconds=round(time.time() - t, 1), loss_last=float(np.mean(losses[-50:])))
     head.eval()
     labels = np.array([e.start >= 0 for e in val])
@@ -490,12 +507,12 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
         """A later training step of the head, cached at ``at``: its record in ``rec[name]``, the new stated
         figures returned."""
         if at.is_file() and not retrain:
-            head.load_state_dict(torch.load(at))
+            load_weights(head, at)
             rec[name] = {"reused": str(at)}
         else:
             t = time.time()
             got = fit()
-            torch.save(head.state_dict(), at)
+            save_weights(head, at)
             rec[name] = {"seconds": round(time.time() - t, 1), **got}
         head.eval()
         return stated_figures(stated_scores(head, val, qs, cs), labels)
@@ -503,7 +520,7 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     if teacher:
         keep("span")
         d = hashlib.sha256(json.dumps([key, distill_epochs, list(teacher)]).encode()).hexdigest()[:16]
-        path = out / gate_dir.name / f"head-{key}-distill-{d}.pt"
+        path = out / gate_dir.name / f"head-{key}-distill-{d}{HEAD_SUFFIX}"
 
         def distill() -> dict[str, Any]:
             losses = distill_head(head, teacher, train, qs, cs, epochs=distill_epochs, progress=progress,
@@ -516,7 +533,7 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
         keep("distilled" if teacher else "span")
         r = hashlib.sha256(json.dumps([path.stem, route_epochs, fig["threshold"],
                                        [[g["id"], g["cand"], g["slb"]] for g in groups]]).encode()).hexdigest()[:16]
-        path = out / gate_dir.name / f"{path.stem}-route-{r}.pt"
+        path = out / gate_dir.name / f"{path.stem}-route-{r}{HEAD_SUFFIX}"
         threshold = fig["threshold"]
 
         def route() -> dict[str, Any]:

@@ -478,3 +478,17 @@ def test_a_fold_models_late_reader_is_built_from_its_folds_lines_and_kept_by_the
     assert calls[-1]["key"] != key  # another registry
     late_training.fold_late_reader(gate, reg, train, aug, [], tmp_path, progress=False, epochs=3)
     assert calls[-1]["key"] != key and calls[-1]["epochs"] == 3
+
+
+def test_cached_heads_are_safetensors_written_whole(tmp_path):
+    import torch
+
+    from services.router.late_reader import build_head
+
+    torch.manual_seed(1)
+    a, b = build_head(), build_head()
+    path = tmp_path / "gate" / f"head-x{late_training.HEAD_SUFFIX}"
+    late_training.save_weights(a, path)
+    assert path.read_bytes()[8:9] == b"{" and [p.name for p in path.parent.iterdir()] == [path.name]
+    late_training.load_weights(b, path)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
