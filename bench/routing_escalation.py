@@ -1,0 +1,146 @@
+"""How many new requests should the argument-evidence stage take? Held-out accuracy against escalation (issue 4)
+
+    nice -n 19 .venv/bin/python bench/routing_escalation.py --json reports/routing_escalation.json
+
+The stage escalates a request when the SLB's top-1 - top-2 margin is under ``tau``, chosen by the calibration as a
+quantile (0.1 / 0.2 / 0.3) of the margins of the model's choosing lines (validation + calibration lines over the full
+registry). Those lines are harder than new requests: held out the default router escalates 13.5 % at N = 250
+(reports/routing_experiments.md §35) against the issue's 15-25 %. This bench routes the evaluation's held-out lines
+with each fold model and its own late reader (`nexus eval routing`'s, cached under ``--models-root/late-readers``;
+run it first) with ``tau`` scaled by each of ``--scales`` (0: the stage off; 1: as calibrated), everything else as
+calibrated, interleaved line by line with the arm order rotating, over ``--sizes`` x ``--draws`` draws of
+distractors. Written: held-out top-1 per scale and size (bootstrap CI over lines), the share escalated, the (line,
+draw) pairs each scale fixed and broke against the calibrated one (exact sign test), and a PNG of accuracy against
+escalation. It measures where the held-out optimum lies; it does not choose tau (held-out lines never do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from routing_fold_reports import sign_test  # noqa: E402
+
+from services.evals.routing_models import prepare_training_env  # noqa: E402
+
+
+def arm_name(scale: float) -> str:
+    return "off" if scale == 0 else "calibrated" if scale == 1 else f"tau x{scale:g}"
+
+
+def plot(report: dict, path: str) -> None:
+    """Held-out top-1 against the share escalated, one line per registry size, each point a tau scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for s in report["sizes"]:
+        arms = list(report["pooled"])
+        xs = [100 * report["escalation_rate"][a][s] for a in arms]
+        ys = [100 * report["pooled"][a][s]["accuracy"] for a in arms]
+        lo = [y - 100 * report["pooled"][a][s]["ci95"][0] for a, y in zip(arms, ys, strict=True)]
+        hi = [100 * report["pooled"][a][s]["ci95"][1] - y for a, y in zip(arms, ys, strict=True)]
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=3, label=f"N = {s}")
+        for a, x, y in zip(arms, xs, ys, strict=True):
+            ax.annotate(a, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axvspan(15, 25, color="#2a9d8f", alpha=0.12, label="issue's 15-25 % band")
+    ax.set_xlabel("held-out requests escalated to the stage (%)")
+    ax.set_ylabel("held-out top-1 (%), 95 % CI bootstrap over lines")
+    ax.set_title("Default router, each fold with its own late reader: tau scaled", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_protocol_args(ap, sizes="10,250", calibration=True, draws=3)
+    ap.add_argument("--scales", default="0,0.5,1,1.5,2,3", help="tau multipliers (0: the stage off, 1: calibrated)")
+    ap.add_argument("--json", default="reports/routing_escalation.json")
+    add_fold_model_args(ap)
+    a = ap.parse_args(argv)
+    folds, given = checked_folds(ap, a)
+    scales = [float(x) for x in a.scales.split(",") if x]
+    if 1.0 not in scales or any(x < 0 for x in scales):
+        ap.error(f"--scales: non-negative multipliers including 1 (the calibrated tau), got {a.scales!r}")
+    prepare_training_env()
+
+    from tqdm import tqdm
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.routing import (
+        _open_router,
+        fold_model_dirs,
+        load_protocol,
+        pool_line_draws,
+        pooled_top1,
+        route_lines,
+        write_report,
+    )
+
+    t0 = time.time()
+    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
+    dirs = fold_model_dirs(a, proto, folds, given)
+    arms = [arm_name(x) for x in scales]
+    regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
+    hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
+    esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
+    per_fold = {}
+    embedder = Embedder("")
+    with tempfile.TemporaryDirectory(prefix="nexus-escalation-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(proto.registry.tools))
+        for f in folds:
+            late = Path(a.models_root) / "late-readers" / Path(dirs[f]).name
+            router = _open_router(store, embedder, dirs[f], late_reader=late, precision="int8")
+            if router.arg_evidence is None:
+                raise RuntimeError(f"fold {f}: no calibrated late reader at {late}; run `nexus eval routing` first "
+                                   "(it builds each fold model's)")
+            calibrated = router.arg_evidence
+            stages = {arm: dataclasses.replace(calibrated, tau=calibrated.tau * x) for arm, x in zip(arms, scales,
+                                                                                                       strict=True)}
+            idxs = [i for i, g in enumerate(proto.fold_of) if g == f][: a.limit or None]
+            for j, i in enumerate(tqdm(idxs, desc=f"fold {f}", file=sys.stderr)):
+                for arm in arms[j % len(arms):] + arms[:j % len(arms)]:
+                    router.arg_evidence = stages[arm]
+                    for (s, d), recs in route_lines(router, proto.lines, regs, [i]).items():
+                        hits[arm][s][f"{recs[0]['id']}#{d}"] = recs[0]["correct"]
+                        esc[arm][s].append(recs[0]["escalated"])
+            per_fold[str(f)] = {"model": str(dirs[f]), "late_reader": str(late), "n": len(idxs),
+                                "feature": calibrated.feature, "alpha": calibrated.alpha, "tau": calibrated.tau}
+    pooled, paired = pool_line_draws(hits, "calibrated")
+    for by_size in paired.values():
+        for c in by_size.values():
+            c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
+    rates = {arm: {s: float(np.mean(v)) for s, v in by_size.items()} for arm, by_size in esc.items()}
+    report = {
+        "bench": "bench/routing_escalation.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
+        "scales": dict(zip(arms, scales, strict=True)), "interleaved": "line by line, arm order rotating",
+        "held_out": not given, "per_fold": per_fold, "pooled": pooled, "escalation_rate": rates,
+        "paired_vs_calibrated": paired, "cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],
+        "seconds": round(time.time() - t0, 1),
+    }
+    write_report(a.json, report, plot, echo=[pooled_top1(pooled), rates, paired])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
