@@ -82,8 +82,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--scales: non-negative multipliers including 1 (the calibrated tau), got {a.scales!r}")
     prepare_training_env()
 
-    from tqdm import tqdm
-
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
     from services.evals.routing import (
@@ -92,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_protocol,
         pool_line_draws,
         pooled_top1,
-        route_lines,
+        route_stage_arms,
         write_report,
     )
 
@@ -100,7 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
     dirs = fold_model_dirs(a, proto, folds, given)
     arms = [arm_name(x) for x in scales]
-    regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
     esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
     per_fold = {}
@@ -118,12 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stages = {arm: dataclasses.replace(calibrated, tau=calibrated.tau * x) for arm, x in zip(arms, scales,
                                                                                                        strict=True)}
             idxs = [i for i, g in enumerate(proto.fold_of) if g == f][: a.limit or None]
-            for j, i in enumerate(tqdm(idxs, desc=f"fold {f}", file=sys.stderr)):
-                for arm in arms[j % len(arms):] + arms[:j % len(arms)]:
-                    router.arg_evidence = stages[arm]
-                    for (s, d), recs in route_lines(router, proto.lines, regs, [i]).items():
-                        hits[arm][s][f"{recs[0]['id']}#{d}"] = recs[0]["correct"]
-                        esc[arm][s].append(recs[0]["escalated"])
+            route_stage_arms(router, proto, idxs, stages, hits, esc, desc=f"fold {f}")
             per_fold[str(f)] = {"model": str(dirs[f]), "late_reader": str(late), "n": len(idxs),
                                 "feature": calibrated.feature, "alpha": calibrated.alpha, "tau": calibrated.tau}
     pooled, paired = pool_line_draws(hits, "calibrated")

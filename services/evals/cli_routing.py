@@ -38,6 +38,13 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _nonnegative_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
 def _checkout_data(name: str) -> str:
     """``data/<name>`` of this checkout when it exists, else '' (none)."""
     from pathlib import Path
@@ -227,6 +234,8 @@ def add_train_late_reader_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--clip", type=float, default=EXPORT_CLIP,
                    help="where a required parameter's score saturates in the stage's features (%(default)s)")
     p.add_argument("--no-enum-words", action="store_true", help="read enum parameters as spans only")
+    p.add_argument("--seed", type=_nonnegative_int, default=0,
+                   help="the head's initialisation and batch order (%(default)s; training is deterministic for it)")
     p.add_argument("--force", action="store_true", help="retrain the head and re-export even when current")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -237,7 +246,8 @@ def add_train_late_reader_parser(subparsers) -> argparse.ArgumentParser:
         doc = train_late_reader(args.out, gate=args.gate, tools=args.tools, queries=args.queries,
                                 augment=args.augment, calibration=args.calibration, heads=args.heads,
                                 epochs=args.epochs, route_epochs=args.route_epochs, layers=args.layers,
-                                clip=args.clip, enum_words=not args.no_enum_words, retrain=args.force,
+                                clip=args.clip, enum_words=not args.no_enum_words, seed=args.seed,
+                                retrain=args.force,
                                 progress=not args.quiet)
         if doc.get("kept"):
             print(f"late reader at {args.out} is current (export key {doc['export_key']}): kept")

@@ -297,6 +297,31 @@ def route_lines(router, lines: Sequence[QueryLine], regs: dict[Any, list[list[st
     return out
 
 
+def route_stage_arms(router, proto: Protocol, idxs: Sequence[int], stages: dict[str, Any],
+                     hits: dict[str, dict[str, dict[str, bool]]], escalated: dict[str, dict[str, list[bool]]],
+                     desc: str = "") -> None:
+    """The benches' arms of a second stage: route lines ``idxs`` of ``proto`` over every (size, draw) registry once
+    per arm of ``stages`` (``{arm: the argument-evidence stage the router routes with}``, None for none), interleaved
+    line by line with the arm order rotating, so a noisy machine's drift falls on every arm alike. Fills
+    ``hits[arm][size]["<line id>#<draw>"]`` (a right pick, ``pool_line_draws``'s input) and ``escalated[arm][size]``;
+    a bar named ``desc`` when given. The router's own stage is put back afterwards."""
+    import sys
+
+    from tqdm import tqdm
+
+    regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs or (proto.regs,)) for s in proto.sizes}
+    arms, own = list(stages), router.arg_evidence
+    try:
+        for j, i in enumerate(tqdm(idxs, desc=desc, file=sys.stderr, disable=not desc)):
+            for arm in arms[j % len(arms):] + arms[:j % len(arms)]:
+                router.arg_evidence = stages[arm]
+                for (s, d), recs in route_lines(router, proto.lines, regs, [i]).items():
+                    hits.setdefault(arm, {}).setdefault(s, {})[f"{recs[0]['id']}#{d}"] = recs[0]["correct"]
+                    escalated.setdefault(arm, {}).setdefault(s, []).append(recs[0]["escalated"])
+    finally:
+        router.arg_evidence = own
+
+
 def summarize(records: list[dict[str, Any]], n_tools: int) -> dict[str, Any]:
     n = len(records)
     ok = sum(r["correct"] for r in records)

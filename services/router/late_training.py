@@ -460,13 +460,14 @@ def routing_examples(lines, by_name):
 
 def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, progress: bool = True, k: int = K,
              teacher: Sequence[tuple[str, list[str], list[float]]] = (), distill_epochs: int = 2,
-             groups: Sequence[dict[str, Any]] = (), route_epochs: int = 2
+             groups: Sequence[dict[str, Any]] = (), route_epochs: int = 2, seed: int = 0
              ) -> tuple[LateReader, dict[str, Any], dict[str, LateReader]]:
     """The head trained for ``gate_dir``'s query encoder (cached in ``out``/<gate>), as a reader, and its record:
     ``k`` layers, trained on the span examples ``train``, then distilled from ``teacher`` when given (``distill_head``),
     then trained on the stage's decisions over ``groups`` when given (``route_tune``); its threshold and stated
     figures from ``val``. Third: the head after each earlier step ("span", "distilled") when a later one followed,
-    from the same encoded states."""
+    from the same encoded states. ``seed``: the head's initialisation and every step's batch order (0: the product's,
+    whose cache keys predate it)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -478,19 +479,20 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
     qs = encode_states(transformer, tok, [e.question for e in train + val] + [q for _, qq, _ in teacher for q in qq]
                        + [q for g in groups for qq in g["questions"] for q, _ in qq])
     enc_s = round(time.time() - t0, 1)
-    h = hashlib.sha256(json.dumps([HEAD_VERSION, TRAINER, D, k, epochs, len(train)]).encode())
+    h = hashlib.sha256(json.dumps([HEAD_VERSION, TRAINER, D, k, epochs, len(train)] + ([seed] if seed else [])).encode())
     h.update((gate_dir / "query_encoder" / "model.safetensors").read_bytes()[:1 << 20])
     key = h.hexdigest()[:16]
     path = out / gate_dir.name / f"head-{key}{HEAD_SUFFIX}"
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     head = build_head(k=k)
-    rec: dict[str, Any] = {"gate": gate_dir.name, "layers": k, "encode_seconds": enc_s}
+    rec: dict[str, Any] = {"gate": gate_dir.name, "layers": k, "seed": seed, "encode_seconds": enc_s}
     if path.is_file() and not retrain:
         load_weights(head, path)
         rec["reused"] = str(path)
     else:
         t = time.time()
-        losses = train_head(head, train, qs, cs, epochs=epochs, progress=progress, label=f"late reader {gate_dir.name}")
+        losses = train_head(head, train, qs, cs, epochs=epochs, seed=seed, progress=progress,
+                            label=f"late reader {gate_dir.name}")
         save_weights(head, path)
         rec.update(seconds=round(time.time() - t, 1), loss_last=float(np.mean(losses[-50:])))
     head.eval()
@@ -523,7 +525,7 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
         path = out / gate_dir.name / f"head-{key}-distill-{d}{HEAD_SUFFIX}"
 
         def distill() -> dict[str, Any]:
-            losses = distill_head(head, teacher, train, qs, cs, epochs=distill_epochs, progress=progress,
+            losses = distill_head(head, teacher, train, qs, cs, epochs=distill_epochs, seed=seed, progress=progress,
                                   label=f"late reader {gate_dir.name} (distill)")
             return {"epochs": distill_epochs, "pairs": sum(len(qq) for _, qq, _ in teacher),
                     "loss_last": float(np.mean(losses[-50:]))}
@@ -537,7 +539,7 @@ def head_for(gate_dir: Path, train, val, out: Path, epochs: int, retrain: bool, 
         threshold = fig["threshold"]
 
         def route() -> dict[str, Any]:
-            losses, weights = route_tune(head, groups, train, qs, cs, threshold, epochs=route_epochs,
+            losses, weights = route_tune(head, groups, train, qs, cs, threshold, epochs=route_epochs, seed=seed,
                                          progress=progress, label=f"late reader {gate_dir.name} (route)")
             return {"epochs": route_epochs, "groups": len(groups),
                     "questions": sum(len(qq) for g in groups for qq in g["questions"]),
@@ -630,13 +632,13 @@ def export_key(gate: Path, files: Sequence[Path], settings: Sequence[Any], extra
 
 def build(gate: str | Path, registry, lines, augment, calibration, out: str | Path, heads: str | Path, *,
           key: str, epochs: int = EPOCHS, route_epochs: int = ROUTE_EPOCHS, layers: int = K,
-          clip: float = EXPORT_CLIP, enum_words: bool = EXPORT_ENUM_WORDS, retrain: bool = False,
+          clip: float = EXPORT_CLIP, enum_words: bool = EXPORT_ENUM_WORDS, seed: int = 0, retrain: bool = False,
           progress: bool = True) -> dict[str, Any]:
     """The late reader of the gate model at ``gate`` written to ``out`` (``export``) unless ``out`` already holds the
     export ``key``: its head trained on ``augment``'s span examples (threshold on those of ``lines``' tune split),
     then on the stage's decisions over ``augment`` (``head_for``, cached in ``heads``), the stage calibrated on the
-    model's validation lines (drawn from ``lines``, what it was trained on) + ``calibration``. Returns the export's
-    summary (``{"kept": True, ...}`` when ``out`` was current)."""
+    model's validation lines (drawn from ``lines``, what it was trained on) + ``calibration``; ``seed``: the head's
+    (``head_for``). Returns the export's summary (``{"kept": True, ...}`` when ``out`` was current)."""
     from services.evals.args import tune_split
     from services.evals.routing_models import prepare_training_env
 
@@ -652,9 +654,9 @@ def build(gate: str | Path, registry, lines, augment, calibration, out: str | Pa
     train, val = routing_examples(augment, by_name), routing_examples(tune, by_name)
     groups = route_groups(gate, augment, registry)
     reader, rec, _ = head_for(gate, train, val, Path(heads), epochs, retrain, progress=progress, k=layers,
-                              groups=groups, route_epochs=route_epochs)
+                              groups=groups, route_epochs=route_epochs, seed=seed)
     summary = export(reader, gate, lines, registry, calibration, str(out), clip, enum_words, key=key)
-    return {**summary, "head": rec}
+    return {**summary, "seed": seed, "head": rec}
 
 
 def fold_late_reader(gate_dir: str | Path, registry, lines, augment, calibration, root: str | Path,
@@ -662,21 +664,27 @@ def fold_late_reader(gate_dir: str | Path, registry, lines, augment, calibration
     """The late reader of one of `nexus eval routing`'s fold models, built as `make setup` builds the production one
     but from the fold's data only: its head's threshold on the tune split of the fold's training ``lines``, the stage
     calibrated on the fold model's validation lines (drawn from ``lines``) + ``calibration``; ``augment`` as
-    production. Written to ``root``/late-readers/<model> (heads in ``root``/late-reader-heads, shared with
+    production. Written to ``root``/late-readers/<model> (<model>-seed<k> for a ``seed`` k other than 0; heads in ``root``/late-reader-heads, shared with
     bench/routing_late_reader.py's), kept while its key (the lines, the registry, the model, the code) matches.
     ``settings``: ``build``'s. Returns the directory and ``build``'s summary."""
     gate_dir = Path(gate_dir)
-    out = Path(root) / "late-readers" / gate_dir.name
     s = {"epochs": EPOCHS, "route_epochs": ROUTE_EPOCHS, "layers": K, "clip": EXPORT_CLIP,
-         "enum_words": EXPORT_ENUM_WORDS, **settings}
+         "enum_words": EXPORT_ENUM_WORDS, "seed": 0, **settings}
+    out = Path(root) / "late-readers" / (gate_dir.name + (f"-seed{s['seed']}" if s["seed"] else ""))
     data = json.dumps([[[ln.id, ln.tool, ln.query, ln.args, list(ln.history)] for ln in part]
                        for part in (lines, augment, calibration)] + [t.canonical_json() for t in registry.tools],
                       sort_keys=True).encode()
-    key = export_key(gate_dir, [], [s[k] for k in ("epochs", "route_epochs", "layers", "clip", "enum_words")],
+    key = export_key(gate_dir, [], seed_settings([s[k] for k in ("epochs", "route_epochs", "layers", "clip",
+                                                                 "enum_words")], s["seed"]),
                      extra=hashlib.sha256(data).digest())
     summary = build(gate_dir, registry, lines, augment, calibration, out, Path(root) / "late-reader-heads", key=key,
                     progress=progress, **s)
     return out, summary
+
+
+def seed_settings(settings: Sequence[Any], seed: int) -> list[Any]:
+    """An export key's settings with the head's ``seed`` when it is not the product's 0 (so 0's keys are as before)."""
+    return [*settings, *([{"seed": seed}] if seed else [])]
 
 
 def files_key(gate: str | Path, tools: str | Path, queries: str | Path, augment: str | Path,
@@ -693,7 +701,7 @@ def files_key(gate: str | Path, tools: str | Path, queries: str | Path, augment:
 def train_late_reader(out: str | Path, *, gate: str | Path, tools: str | Path, queries: str | Path,
                       augment: str | Path, calibration: str | Path, heads: str | Path, epochs: int = EPOCHS,
                       route_epochs: int = ROUTE_EPOCHS, layers: int = K, clip: float = EXPORT_CLIP,
-                      enum_words: bool = EXPORT_ENUM_WORDS, retrain: bool = False,
+                      enum_words: bool = EXPORT_ENUM_WORDS, seed: int = 0, retrain: bool = False,
                       progress: bool = True) -> dict[str, Any]:
     """`nexus train-late-reader`: ``build`` from files (the query JSONL the gate model was trained on, the augment
     and calibration JSONL files or directories, the registry directory ``tools``), keyed by their bytes. Raises
@@ -707,9 +715,10 @@ def train_late_reader(out: str | Path, *, gate: str | Path, tools: str | Path, q
         if not path.exists():
             raise InvalidArgument(f"{what}: no {path} (`make setup` trains the gate model; the data is "
                                   f"../shared/data and data/)")
-    key = files_key(gate, tools, queries, augment, calibration, [epochs, route_epochs, layers, clip, enum_words])
+    key = files_key(gate, tools, queries, augment, calibration,
+                    seed_settings([epochs, route_epochs, layers, clip, enum_words], seed))
     if not retrain and export_current(out, key):
         return {"kept": True, "late_reader": str(out), "export_key": key}
     return build(gate, load_registry(str(tools)), load_queries(str(queries)), load_augment(str(augment)),
                  load_augment(str(calibration)), out, heads, key=key, epochs=epochs, route_epochs=route_epochs,
-                 layers=layers, clip=clip, enum_words=enum_words, retrain=retrain, progress=progress)
+                 layers=layers, clip=clip, enum_words=enum_words, seed=seed, retrain=retrain, progress=progress)

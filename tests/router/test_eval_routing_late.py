@@ -61,3 +61,38 @@ def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_c
         evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10", str(tmp_path / "s.json"),
                  holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
                  late_reader=True, slots=str(REPO / "var" / "models" / "slots"))
+
+
+def test_the_benches_stage_arms_route_as_each_stage_alone_and_leave_the_routers_own(tmp_path):
+    """``route_stage_arms`` (bench/routing_escalation.py's and routing_late_seeds.py's arms, interleaved line by line):
+    each arm's picks are what the router gives with that stage alone, a stage that never escalates escalates
+    nothing, and the router keeps its own stage afterwards."""
+    import dataclasses
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.routing import _open_router, load_protocol, route_lines, route_stage_arms
+
+    proto = load_protocol(str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools"),
+                          "10,all", draws=2)
+    store = LocalStore(str(tmp_path))
+    store.registry_put(list(proto.registry.tools))
+    router = _open_router(store, Embedder(""), REPO / "var" / "models" / "gate",
+                          late_reader=REPO / "var" / "models" / "late_reader", precision="int8")
+    own = router.arg_evidence
+    assert own is not None and own.tau > 0
+    stages = {"off": dataclasses.replace(own, tau=0.0), "on": own, "wide": dataclasses.replace(own, tau=own.tau * 50)}
+    idxs = list(range(0, 400, 10))
+    hits, esc = {}, {}
+    route_stage_arms(router, proto, idxs, stages, hits, esc)
+    assert router.arg_evidence is own
+    regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
+    for arm, stage in stages.items():
+        router.arg_evidence = stage
+        alone = route_lines(router, proto.lines, regs, idxs)
+        assert {f"{r['id']}#{d}": r["correct"] for (s, d), recs in alone.items() if s == "all" for r in recs} \
+            == hits[arm]["all"]
+        assert [r["escalated"] for (s, d), recs in alone.items() if s == "10" for r in recs] != [] \
+            and len(esc[arm]["10"]) == 2 * len(idxs)
+    router.arg_evidence = own
+    assert not any(esc["off"]["all"]) and sum(esc["wide"]["all"]) > sum(esc["on"]["all"]) > 0

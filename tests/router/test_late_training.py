@@ -3,6 +3,8 @@ batch path, its reader behind the argument-evidence stage, over the real MiniLM 
 export `nexus train-late-reader` writes (the full training is `make setup`'s; its figures are
 bench/routing_late_reader.py's)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -128,6 +130,32 @@ def test_training_steps_lower_the_loss_on_what_they_see(late_parts):
     assert len(losses) == 3 * ((len(examples) * 4 + 3) // 4) and all(np.isfinite(losses))
     assert loss() < before
     assert not h.training
+
+
+def test_a_heads_seed_decides_its_training_and_its_cache(late_parts, tmp_path):
+    """`nexus train-late-reader --seed`: the same seed trains the same head (reused from the cache the second time),
+    another seed another head under another cache key; seed 0 keeps the product's key."""
+    import torch
+
+    from services.common.models import resolve_embedder
+
+    lr, _, _, _, examples, _, _, _ = late_parts
+    gate = tmp_path / "gate-x"
+    gate.mkdir()
+    (gate / "query_encoder").symlink_to(Path(resolve_embedder("")).resolve())
+    heads = {}
+    for seed in (0, 7, 7):
+        reader, rec, _ = lr.head_for(gate, examples, examples, tmp_path / "heads", epochs=1, retrain=False,
+                                     progress=False, seed=seed)
+        heads.setdefault(seed, []).append((reader.head.state_dict(), rec))
+    (s0, r0), = heads[0]
+    (s7, r7), (s7b, r7b) = heads[7]
+    assert r0["seed"] == 0 and r7["seed"] == 7 and "reused" in r7b and "reused" not in r7
+    assert r0["stated"] and sorted(p.name for p in (tmp_path / "heads" / "gate-x").iterdir()) != []
+    assert all(torch.equal(a, b) for a, b in zip(s7.values(), s7b.values(), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(s0.values(), s7.values(), strict=True))
+    assert len(list((tmp_path / "heads" / "gate-x").glob(f"head-*{lr.HEAD_SUFFIX}"))) == 2
+    assert lr.seed_settings([8, 2], 0) == [8, 2] and lr.seed_settings([8, 2], 3) == [8, 2, {"seed": 3}]
 
 
 def test_span_stated_is_the_readers_score_and_has_gradients(late_parts):
@@ -478,6 +506,9 @@ def test_a_fold_models_late_reader_is_built_from_its_folds_lines_and_kept_by_the
     assert calls[-1]["key"] != key  # another registry
     late_training.fold_late_reader(gate, reg, train, aug, [], tmp_path, progress=False, epochs=3)
     assert calls[-1]["key"] != key and calls[-1]["epochs"] == 3
+    out, _ = late_training.fold_late_reader(gate, reg, train, aug, [], tmp_path, progress=False, seed=2)
+    assert out == tmp_path / "late-readers" / "gate-abc-seed2"  # beside seed 0's, not over it
+    assert calls[-1]["key"] != key and calls[-1]["seed"] == 2 and calls[0]["seed"] == 0
 
 
 def test_cached_heads_are_safetensors_written_whole(tmp_path):

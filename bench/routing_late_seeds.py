@@ -1,0 +1,181 @@
+"""Is the late reader's gain a property of the recipe or of one training run? Held-out routing over head seeds (issue 4)
+
+    nice -n 19 .venv/bin/python bench/routing_late_seeds.py --seeds 0,1,2 --json reports/routing_late_seeds.json
+
+Each fold model of `nexus eval routing` gets a late reader per seed of ``--seeds``, built exactly as the evaluation
+builds seed 0's (``late_training.fold_late_reader``: the head trained on the augment lines with that seed's
+initialisation and batch order, its threshold on the fold's tune split, the stage calibrated on the fold model's
+choosing lines; cached under ``--models-root/late-readers/<model>[-seed<k>]``; ~20 min per new reader on 2 cores).
+The evaluation's held-out lines are then routed with the stage off and with each seed's stage, interleaved line by
+line with the arm order rotating, over ``--sizes`` x ``--draws`` draws of distractors. Written: held-out top-1 per
+arm and size (bootstrap CI over lines), the share escalated, each seed's (line, draw) pairs fixed and broken against
+the stage off (exact sign test), the spread of the gain over seeds, what each seed's calibration chose, and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from routing_fold_reports import sign_test  # noqa: E402
+
+from services.evals.routing_models import prepare_training_env  # noqa: E402
+
+OFF = "off"
+
+
+def arm_name(seed: int) -> str:
+    return f"seed {seed}"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: distinct non-negative integers, in order; ValueError otherwise."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds: comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds: distinct non-negative integers, got {text!r}")
+    return seeds
+
+
+def spread(pooled: dict, seeds: Sequence[int], sizes: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Per size, each seed's held-out gain over the stage off (points) and their mean, min, max and sample sd."""
+    out = {}
+    for s in sizes:
+        gains = [100 * (pooled[arm_name(k)][s]["accuracy"] - pooled[OFF][s]["accuracy"]) for k in seeds]
+        out[s] = {"gain_pts": dict(zip(map(str, seeds), [round(g, 3) for g in gains], strict=True)),
+                  "mean": round(float(np.mean(gains)), 3), "min": round(min(gains), 3), "max": round(max(gains), 3),
+                  "sd": round(float(np.std(gains, ddof=1)), 3) if len(gains) > 1 else 0.0}
+    return out
+
+
+def plot(report: dict, path: str) -> None:
+    """Held-out top-1 per arm (the stage off, then each seed), one panel per registry size, with the gain over off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = report["sizes"]
+    arms = list(report["pooled"])
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes) + 1, 4.2), squeeze=False)
+    for ax, s in zip(axes[0], sizes, strict=True):
+        ys = [100 * report["pooled"][a][s]["accuracy"] for a in arms]
+        lo = [y - 100 * report["pooled"][a][s]["ci95"][0] for a, y in zip(arms, ys, strict=True)]
+        hi = [100 * report["pooled"][a][s]["ci95"][1] - y for a, y in zip(arms, ys, strict=True)]
+        colors = ["#999999" if a == OFF else "#2a9d8f" for a in arms]
+        ax.bar(range(len(arms)), ys, yerr=[lo, hi], capsize=3, color=colors)
+        for x, (a, y) in enumerate(zip(arms, ys, strict=True)):
+            gain = "" if a == OFF else f"{y - ys[0]:+.2f}"
+            ax.annotate(f"{y:.2f}\n{gain}", (x, y), textcoords="offset points", xytext=(0, 12), ha="center",
+                        fontsize=7)
+        ax.set_xticks(range(len(arms)), arms, fontsize=8)
+        ax.set_ylim(min(ys) - 4, min(100, max(ys) + 3))
+        ax.set_title(f"N = {s}: gain sd over seeds {report['spread'][s]['sd']:.2f} pts", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("held-out top-1 (%), 95 % CI bootstrap over lines")
+    fig.suptitle(f"Late reader per head seed, folds {report['folds']}, {report['draws']} draws", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_protocol_args(ap, sizes="10,250", calibration=True, draws=3)
+    ap.add_argument("--seeds", default="0,1,2", help="head seeds (0: the evaluation's own readers)")
+    ap.add_argument("--json", default="reports/routing_late_seeds.json")
+    add_fold_model_args(ap)
+    a = ap.parse_args(argv)
+    folds, given = checked_folds(ap, a)
+    try:
+        seeds = parse_seeds(a.seeds)
+    except ValueError as e:
+        ap.error(str(e))
+    prepare_training_env()
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.routing import (
+        _open_router,
+        fold_model_dirs,
+        load_protocol,
+        pool_line_draws,
+        pooled_top1,
+        route_stage_arms,
+        write_report,
+    )
+    from services.router.late_training import fold_late_reader
+
+    t0 = time.time()
+    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
+    dirs = fold_model_dirs(a, proto, folds, given)
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
+    arms = [OFF] + [arm_name(k) for k in seeds]
+    hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
+    esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
+    per_fold: dict[str, dict] = {}
+    readers: dict[int, dict[int, tuple[Path, dict]]] = {}
+    t_build = time.time()
+    for f in folds:  # every reader first: a training run must not share the cores with the routing it is timed in
+        train, _ = proto.split(f)
+        readers[f] = {k: fold_late_reader(dirs[f], proto.registry, train, extra, calib, a.models_root, seed=k)
+                      for k in seeds}
+    build_s = round(time.time() - t_build, 1)
+    embedder = Embedder("")
+    with tempfile.TemporaryDirectory(prefix="nexus-late-seeds-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(proto.registry.tools))
+        for f in folds:
+            stages, chose = {}, {}
+            router = None
+            for k in seeds:
+                out, summary = readers[f][k]
+                r = _open_router(store, embedder, dirs[f], late_reader=out, precision="int8")
+                if r.arg_evidence is None:
+                    raise RuntimeError(f"fold {f}, seed {k}: the router did not take the late reader at {out} "
+                                       "(its log says why)")
+                stages[arm_name(k)] = r.arg_evidence
+                router = router or r
+                chose[str(k)] = {"late_reader": str(out), "feature": r.arg_evidence.feature,
+                                 "alpha": r.arg_evidence.alpha, "tau": r.arg_evidence.tau,
+                                 **{x: summary.get(x) for x in ("choose_top1_slb", "choose_top1",
+                                                                "choose_top1_crossfit", "kept")}}
+            # off: the same router whose stage never escalates (the SLB's scan of the reader's own pass, as in
+            # bench/routing_escalation.py), so the arms differ in the stage alone
+            stages = {OFF: dataclasses.replace(stages[arm_name(seeds[0])], tau=0.0), **stages}
+            idxs = proto.split(f)[1][: a.limit or None]
+            route_stage_arms(router, proto, idxs, stages, hits, esc, desc=f"fold {f}")
+            per_fold[str(f)] = {"model": str(dirs[f]), "n": len(idxs), "seeds": chose}
+    pooled, paired = pool_line_draws(hits, OFF)
+    for by_size in paired.values():
+        for c in by_size.values():
+            c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
+    rates = {arm: {s: float(np.mean(v)) for s, v in by_size.items()} for arm, by_size in esc.items()}
+    report = {
+        "bench": "bench/routing_late_seeds.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
+        "seeds": seeds, "interleaved": "line by line, arm order rotating", "held_out": not given,
+        "per_fold": per_fold, "pooled": pooled, "escalation_rate": rates, "paired_vs_off": paired,
+        "spread": spread(pooled, seeds, proto.sizes), "build_seconds": build_s, "cpus": os.cpu_count(),
+        "load_avg_1m_at_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 1),
+    }
+    write_report(a.json, report, plot, echo=[pooled_top1(pooled), report["spread"], per_fold])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

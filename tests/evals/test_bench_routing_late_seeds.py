@@ -1,0 +1,42 @@
+"""bench/routing_late_seeds.py: its seed argument, the spread it reports and its figure (each seed's reader is built
+by ``late_training.fold_late_reader``, tests/router/test_late_training.py; the arms it routes are
+``route_stage_arms``', tests/router/test_eval_routing_late.py)."""
+
+import pytest
+
+from tests.conftest import load_bench
+
+
+def test_seeds_must_be_distinct_non_negative_integers(capsys):
+    b = load_bench("routing_late_seeds")
+    assert b.parse_seeds("0, 1,2") == [0, 1, 2]
+    for bad in ("", "0,0", "-1", "a"):
+        with pytest.raises(ValueError, match="--seeds"):
+            b.parse_seeds(bad)
+    with pytest.raises(SystemExit):
+        b.main(["--seeds", "1,1"])
+    assert "distinct" in capsys.readouterr().err
+
+
+def pooled(accs):
+    return {arm: {s: {"n": 300, "accuracy": a, "ci95": [a - 0.02, a + 0.02]} for s, a in by.items()}
+            for arm, by in accs.items()}
+
+
+def test_spread_is_each_seeds_gain_over_the_stage_off():
+    b = load_bench("routing_late_seeds")
+    p = pooled({"off": {"250": 0.90}, "seed 0": {"250": 0.91}, "seed 3": {"250": 0.895}})
+    got = b.spread(p, [0, 3], ["250"])["250"]
+    assert got["gain_pts"] == {"0": pytest.approx(1.0), "3": pytest.approx(-0.5)}
+    assert (got["min"], got["max"], got["mean"]) == (pytest.approx(-0.5), pytest.approx(1.0), pytest.approx(0.25))
+    assert got["sd"] == pytest.approx(1.0607, abs=1e-3)
+    assert b.spread(p, [0], ["250"])["250"]["sd"] == 0.0
+
+
+def test_plot_writes_a_png(tmp_path):
+    b = load_bench("routing_late_seeds")
+    p = pooled({"off": {"10": 0.97, "250": 0.90}, "seed 0": {"10": 0.975, "250": 0.91},
+                "seed 1": {"10": 0.97, "250": 0.905}})
+    rep = {"sizes": ["10", "250"], "pooled": p, "folds": [0], "draws": 3, "spread": b.spread(p, [0, 1], ["10", "250"])}
+    b.plot(rep, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
