@@ -446,6 +446,24 @@ def test_train_late_reader_names_a_missing_input_before_loading_anything(tmp_pat
     assert "gate model: no" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
+def test_train_late_reader_takes_a_seed_and_refuses_a_negative_one(tmp_path, monkeypatch, capsys):
+    from services.cli import main
+
+    got = {}
+
+    def fake(out, **kw):
+        got.update(kw)
+        return {"kept": True, "export_key": "k"}
+
+    monkeypatch.setattr(late_training, "train_late_reader", fake)
+    args = ["train-late-reader", "--queries", "q.jsonl", "--tools", "t", "--out", str(tmp_path / "out")]
+    assert main(args) == 0 and got["seed"] == 0
+    assert main([*args, "--seed", "4"]) == 0 and got["seed"] == 4
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--seed", "-1"])
+    assert e.value.code == 2 and "must be >= 0" in capsys.readouterr().err
+
+
 def test_make_setups_late_reader_is_the_one_the_commands_defaults_describe():
     """The production late reader (`make setup`: `nexus train-late-reader` with the Makefile's flags) carries the key
     the command's defaults give for the checkout's data and gate model: a rerun keeps it, and the code that made it
