@@ -25,7 +25,6 @@ reading). Lines wrong without a verdict are counted as ``unlabelled``. A PNG dra
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -215,15 +214,12 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
+    from services.evals.routing import checked_folds, held_out_parser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250", calibration=True, draws=3)
+    ap = held_out_parser(__doc__, "reports/routing_errors.json")
     ap.add_argument("--precision", choices=("fp32", "int8"), default=None,
                     help="the query encoder's precision (default: the router's, RouterConfig)")
     ap.add_argument("--labels", default="", help="a reader's verdicts on wrong lines (see the module's doc)")
-    ap.add_argument("--json", default="reports/routing_errors.json")
-    add_fold_model_args(ap)
     a = ap.parse_args(argv)
     folds, given = checked_folds(ap, a)
     labels = load_labels(a.labels) if a.labels else {}

@@ -16,7 +16,6 @@ escalation. It measures where the held-out optimum lies; it does not choose tau 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -68,13 +67,10 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
+    from services.evals.routing import checked_folds, held_out_parser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250", calibration=True, draws=3)
+    ap = held_out_parser(__doc__, "reports/routing_escalation.json")
     ap.add_argument("--scales", default="0,0.5,1,1.5,2,3", help="tau multipliers (0: the stage off, 1: calibrated)")
-    ap.add_argument("--json", default="reports/routing_escalation.json")
-    add_fold_model_args(ap)
     a = ap.parse_args(argv)
     folds, given = checked_folds(ap, a)
     scales = [float(x) for x in a.scales.split(",") if x]
@@ -86,8 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.common.store import LocalStore
     from services.evals.routing import (
         _open_router,
-        fold_model_dirs,
-        load_protocol,
+        held_out_models,
         pool_line_draws,
         pooled_top1,
         route_stage_arms,
@@ -95,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     t0 = time.time()
-    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
-    dirs = fold_model_dirs(a, proto, folds, given)
+    proto, dirs = held_out_models(a, folds, given)
     arms = [arm_name(x) for x in scales]
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
     esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}

@@ -17,7 +17,6 @@ scan; one thread) and their ratios, and a PNG.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -83,12 +82,9 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
+    from services.evals.routing import checked_folds, held_out_parser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250,all", calibration=True, draws=3)
-    ap.add_argument("--json", default="reports/routing_int8.json")
-    add_fold_model_args(ap)
+    ap = held_out_parser(__doc__, "reports/routing_int8.json", sizes="10,250,all")
     a = ap.parse_args(argv)
     folds, given = checked_folds(ap, a)
     prepare_training_env()
@@ -99,8 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.common.store import LocalStore
     from services.evals.routing import (
         _open_router,
-        fold_model_dirs,
-        load_protocol,
+        held_out_models,
         pool_line_draws,
         pooled_top1,
         route_lines,
@@ -109,8 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.router.onnx_encoder import INT8_METHOD, int8_method
 
     t0 = time.time()
-    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
-    dirs = fold_model_dirs(a, proto, folds, given)
+    proto, dirs = held_out_models(a, folds, given)
     regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in ARMS}
     ms: dict[str, list[float]] = {arm: [] for arm in ARMS}

@@ -14,7 +14,6 @@ the stage off (exact sign test), the spread of the gain over seeds, what each se
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -93,13 +92,10 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import add_fold_model_args, add_protocol_args, checked_folds
+    from services.evals.routing import checked_folds, held_out_parser
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_protocol_args(ap, sizes="10,250", calibration=True, draws=3)
+    ap = held_out_parser(__doc__, "reports/routing_late_seeds.json")
     ap.add_argument("--seeds", default="0,1,2", help="head seeds (0: the evaluation's own readers)")
-    ap.add_argument("--json", default="reports/routing_late_seeds.json")
-    add_fold_model_args(ap)
     a = ap.parse_args(argv)
     folds, given = checked_folds(ap, a)
     try:
@@ -112,8 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.common.store import LocalStore
     from services.evals.routing import (
         _open_router,
-        fold_model_dirs,
-        load_protocol,
+        held_out_models,
         pool_line_draws,
         pooled_top1,
         route_stage_arms,
@@ -122,8 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.router.late_training import fold_late_reader
 
     t0 = time.time()
-    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
-    dirs = fold_model_dirs(a, proto, folds, given)
+    proto, dirs = held_out_models(a, folds, given)
     extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
     arms = [OFF] + [arm_name(k) for k in seeds]
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}

@@ -131,6 +131,26 @@ def add_fold_model_args(ap) -> None:
                          "mechanics only: a model trained on a fold's lines does not score them held out)")
 
 
+def held_out_parser(doc: str, json_default: str, sizes: str = "10,250"):
+    """The parser of a bench that routes the evaluation's held-out lines with its fold models (its description the
+    first line of ``doc``): the protocol's arguments (``sizes``, 3 draws, the calibration lines), ``--json``
+    (``json_default``), ``--limit`` and ``--gates``; the bench adds its own, then calls ``checked_folds``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add_protocol_args(ap, sizes=sizes, calibration=True, draws=3)
+    ap.add_argument("--json", default=json_default)
+    add_fold_model_args(ap)
+    return ap
+
+
+def held_out_models(a, folds: Sequence[int], given: Sequence[str]) -> tuple[Protocol, dict[int, str]]:
+    """A held-out bench's protocol (the evaluation's: seed 0, 3 folds, ``--draws`` draws of ``--sizes``) and the
+    model of each of ``folds`` (``fold_model_dirs``: ``given``, else the evaluation's, trained when not cached)."""
+    proto = load_protocol(a.queries, a.tools, a.sizes, folds=3, seed=0, draws=a.draws)
+    return proto, fold_model_dirs(a, proto, folds, given)
+
+
 def checked_folds(ap, a) -> tuple[list[int], list[str]]:
     """The folds of ``--folds`` (of the evaluation's three) and the models of ``--gates``, one per fold; a usage
     error (exit 2) otherwise."""
