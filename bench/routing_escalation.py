@@ -6,8 +6,8 @@ The stage escalates a request when the SLB's top-1 - top-2 margin is under ``tau
 quantile (0.1 / 0.2 / 0.3) of the margins of the model's choosing lines (validation + calibration lines over the full
 registry). Those lines are harder than new requests: held out the default router escalates 13.5 % at N = 250
 (reports/routing_experiments.md §35) against the issue's 15-25 %. This bench routes the evaluation's held-out lines
-with each fold model and its own late reader (`nexus eval routing`'s, cached under ``--models-root/late-readers``;
-run it first) with ``tau`` scaled by each of ``--scales`` (0: the stage off; 1: as calibrated), everything else as
+with each fold model and its own late reader (`nexus eval routing`'s, cached under ``--models-root/late-readers``,
+built when missing; ``--late-seed`` k: the head trained with seed k, bench/routing_late_seeds.py's) with ``tau`` scaled by each of ``--scales`` (0: the stage off; 1: as calibrated), everything else as
 calibrated, interleaved line by line with the arm order rotating, over ``--sizes`` x ``--draws`` draws of
 distractors. Written: held-out top-1 per scale and size (bootstrap CI over lines), the share escalated, the (line,
 draw) pairs each scale fixed and broke against the calibrated one (exact sign test), and a PNG of accuracy against
@@ -58,7 +58,9 @@ def plot(report: dict, path: str) -> None:
     ax.axvspan(15, 25, color="#2a9d8f", alpha=0.12, label="issue's 15-25 % band")
     ax.set_xlabel("held-out requests escalated to the stage (%)")
     ax.set_ylabel("held-out top-1 (%), 95 % CI bootstrap over lines")
-    ax.set_title("Default router, each fold with its own late reader: tau scaled", fontsize=10)
+    seed = report.get("late_seed", 0)
+    ax.set_title("Default router, each fold with its own late reader" + (f" (head seed {seed})" if seed else "")
+                 + ": tau scaled", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7.5)
     fig.tight_layout()
@@ -71,17 +73,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ap = held_out_parser(__doc__, "reports/routing_escalation.json")
     ap.add_argument("--scales", default="0,0.5,1,1.5,2,3", help="tau multipliers (0: the stage off, 1: calibrated)")
+    ap.add_argument("--late-seed", type=int, default=0, help="the late readers' head seed (0: the evaluation's)")
     a = ap.parse_args(argv)
     folds, given = checked_folds(ap, a)
     scales = [float(x) for x in a.scales.split(",") if x]
     if 1.0 not in scales or any(x < 0 for x in scales):
         ap.error(f"--scales: non-negative multipliers including 1 (the calibrated tau), got {a.scales!r}")
+    if a.late_seed < 0:
+        ap.error(f"--late-seed: a non-negative integer, got {a.late_seed}")
     prepare_training_env()
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
     from services.evals.routing import (
         _open_router,
+        held_out_late_readers,
         held_out_models,
         pool_line_draws,
         pooled_top1,
@@ -91,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.time()
     proto, dirs = held_out_models(a, folds, given)
+    readers = held_out_late_readers(a, proto, dirs, [a.late_seed])
     arms = [arm_name(x) for x in scales]
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
     esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
@@ -100,11 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = LocalStore(tmp)
         store.registry_put(list(proto.registry.tools))
         for f in folds:
-            late = Path(a.models_root) / "late-readers" / Path(dirs[f]).name
+            late = readers[f][a.late_seed][0]
             router = _open_router(store, embedder, dirs[f], late_reader=late, precision="int8")
             if router.arg_evidence is None:
-                raise RuntimeError(f"fold {f}: no calibrated late reader at {late}; run `nexus eval routing` first "
-                                   "(it builds each fold model's)")
+                raise RuntimeError(f"fold {f}: the router did not take the late reader at {late} (its log says why)")
             calibrated = router.arg_evidence
             stages = {arm: dataclasses.replace(calibrated, tau=calibrated.tau * x) for arm, x in zip(arms, scales,
                                                                                                        strict=True)}
@@ -119,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rates = {arm: {s: float(np.mean(v)) for s, v in by_size.items()} for arm, by_size in esc.items()}
     report = {
         "bench": "bench/routing_escalation.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
+        "late_seed": a.late_seed,
         "scales": dict(zip(arms, scales, strict=True)), "interleaved": "line by line, arm order rotating",
         "held_out": not given, "per_fold": per_fold, "pooled": pooled, "escalation_rate": rates,
         "paired_vs_calibrated": paired, "cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0],

@@ -108,27 +108,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from services.common.store import LocalStore
     from services.evals.routing import (
         _open_router,
+        held_out_late_readers,
         held_out_models,
         pool_line_draws,
         pooled_top1,
         route_stage_arms,
         write_report,
     )
-    from services.router.late_training import fold_late_reader
 
     t0 = time.time()
     proto, dirs = held_out_models(a, folds, given)
-    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
     arms = [OFF] + [arm_name(k) for k in seeds]
     hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
     esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
     per_fold: dict[str, dict] = {}
-    readers: dict[int, dict[int, tuple[Path, dict]]] = {}
     t_build = time.time()
-    for f in folds:  # every reader first: a training run must not share the cores with the routing it is timed in
-        train, _ = proto.split(f)
-        readers[f] = {k: fold_late_reader(dirs[f], proto.registry, train, extra, calib, a.models_root, seed=k)
-                      for k in seeds}
+    readers = held_out_late_readers(a, proto, dirs, seeds)  # every reader first, then the routing
     build_s = round(time.time() - t_build, 1)
     embedder = Embedder("")
     with tempfile.TemporaryDirectory(prefix="nexus-late-seeds-") as tmp:

@@ -151,6 +151,18 @@ def held_out_models(a, folds: Sequence[int], given: Sequence[str]) -> tuple[Prot
     return proto, fold_model_dirs(a, proto, folds, given)
 
 
+def held_out_late_readers(a, proto: Protocol, dirs: dict[int, str], seeds: Sequence[int] = (0,),
+                          progress: bool = True) -> dict[int, dict[int, tuple[Path, dict[str, Any]]]]:
+    """``{fold: {seed: (directory, summary)}}``: the late reader of each fold model of ``dirs`` per head seed, built
+    as `nexus eval routing` builds seed 0's (``late_training.fold_late_reader``: from the fold's training lines, the
+    bench's ``--augment`` and ``--calibration``; kept while current, ~20 min for a new one on 2 cores)."""
+    from services.router.late_training import fold_late_reader
+
+    extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
+    return {f: {k: fold_late_reader(gate, proto.registry, proto.split(f)[0], extra, calib, a.models_root,
+                                    progress=progress, seed=k) for k in seeds} for f, gate in dirs.items()}
+
+
 def checked_folds(ap, a) -> tuple[list[int], list[str]]:
     """The folds of ``--folds`` (of the evaluation's three) and the models of ``--gates``, one per fold; a usage
     error (exit 2) otherwise."""

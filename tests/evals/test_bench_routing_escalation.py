@@ -12,6 +12,9 @@ def test_arms_are_named_by_what_they_do_and_the_calibrated_tau_is_required(capsy
     with pytest.raises(SystemExit):
         b.main(["--scales", "0,2"])
     assert "including 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        b.main(["--late-seed", "-2"])
+    assert "--late-seed" in capsys.readouterr().err
 
 
 def test_plot_writes_a_png(tmp_path):

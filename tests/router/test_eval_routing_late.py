@@ -96,3 +96,31 @@ def test_the_benches_stage_arms_route_as_each_stage_alone_and_leave_the_routers_
             and len(esc[arm]["10"]) == 2 * len(idxs)
     router.arg_evidence = own
     assert not any(esc["off"]["all"]) and sum(esc["wide"]["all"]) > sum(esc["on"]["all"]) > 0
+
+
+def test_held_out_benches_build_each_folds_reader_per_seed_from_its_own_lines(monkeypatch):
+    """``held_out_late_readers`` (bench/routing_escalation.py --late-seed, routing_late_seeds.py): one reader per fold
+    model and seed, each from the lines its fold does not route, with the bench's augment and calibration lines."""
+    from types import SimpleNamespace
+
+    from services.evals.routing import held_out_late_readers, load_protocol
+    from services.router import late_training
+
+    proto = load_protocol(str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools"), "10")
+    asked = []
+
+    def fold_late_reader(gate, registry, train, augment, calibration, root, progress=True, seed=0):
+        asked.append((gate, {ln.id for ln in train}, len(augment), len(calibration), root, seed))
+        return f"{gate}/{seed}", {"seed": seed}
+
+    monkeypatch.setattr(late_training, "fold_late_reader", fold_late_reader)
+    a = SimpleNamespace(augment=str(REPO / "data" / "routing_augment"), models_root="mr",
+                        calibration=str(REPO / "data" / "routing_calibration"))
+    got = held_out_late_readers(a, proto, {0: "g0", 2: "g2"}, seeds=[0, 3], progress=False)
+    assert got == {0: {0: ("g0/0", {"seed": 0}), 3: ("g0/3", {"seed": 3})},
+                   2: {0: ("g2/0", {"seed": 0}), 3: ("g2/3", {"seed": 3})}}
+    for gate, train, n_aug, n_cal, root, _ in asked:
+        f = int(gate[1])
+        held = {proto.lines[i].id for i in proto.split(f)[1]}
+        assert train and not (train & held) and len(train) + len(held) == len(proto.lines)
+        assert n_aug > 0 and n_cal > 0 and root == "mr"
