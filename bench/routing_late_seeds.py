@@ -76,12 +76,15 @@ def plot(report: dict, path: str) -> None:
         hi = [100 * report["pooled"][a][s]["ci95"][1] - y for a, y in zip(arms, ys, strict=True)]
         colors = ["#999999" if a == OFF else "#2a9d8f" for a in arms]
         ax.bar(range(len(arms)), ys, yerr=[lo, hi], capsize=3, color=colors)
+        bottom = min(ys) - 4
         for x, (a, y) in enumerate(zip(arms, ys, strict=True)):
-            gain = "" if a == OFF else f"{y - ys[0]:+.2f}"
-            ax.annotate(f"{y:.2f}\n{gain}", (x, y), textcoords="offset points", xytext=(0, 12), ha="center",
-                        fontsize=7)
+            text = f"{y:.2f} %"
+            if a != OFF:  # the paired figure: line-draws this seed's stage fixed and broke against the stage off
+                c = report.get("paired_vs_off", {}).get(a, {}).get(s, {})
+                text += f"\n{y - ys[0]:+.2f} pts" + (f"\n{c['fixed']} fixed / {c['broken']} broken" if c else "")
+            ax.text(x, bottom + 0.3, text, ha="center", va="bottom", fontsize=7, color="white")
         ax.set_xticks(range(len(arms)), arms, fontsize=8)
-        ax.set_ylim(min(ys) - 4, min(100, max(ys) + 3))
+        ax.set_ylim(bottom, min(100, max(ys) + 3))
         ax.set_title(f"N = {s}: gain sd over seeds {report['spread'][s]['sd']:.2f} pts", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("held-out top-1 (%), 95 % CI bootstrap over lines")
