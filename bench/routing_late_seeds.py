@@ -15,6 +15,7 @@ the stage off (exact sign test), the spread of the gain over seeds, what each se
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -58,6 +59,16 @@ def spread(pooled: dict, seeds: Sequence[int], sizes: Sequence[str]) -> dict[str
                   "mean": round(float(np.mean(gains)), 3), "min": round(min(gains), 3), "max": round(max(gains), 3),
                   "sd": round(float(np.std(gains, ddof=1)), 3) if len(gains) > 1 else 0.0}
     return out
+
+
+def choice_figures(reader_dir: str | Path) -> dict[str, float]:
+    """What a late reader's calibration measured on its choosing lines (kept in its directory): top-1 without and
+    with the stage, and the stage's cross-fit top-1."""
+    from services.router.late_reader import META_FILE
+
+    section = json.loads((Path(reader_dir) / META_FILE).read_text())["arg_evidence"]
+    return {"choose_top1_slb": section["choose_top1_slb"], "choose_top1": section["choose_top1"],
+            "choose_top1_crossfit": section["crossfit"]["top1"]}
 
 
 def plot(report: dict, path: str) -> None:
@@ -145,8 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 router = router or r
                 chose[str(k)] = {"late_reader": str(out), "feature": r.arg_evidence.feature,
                                  "alpha": r.arg_evidence.alpha, "tau": r.arg_evidence.tau,
-                                 **{x: summary.get(x) for x in ("choose_top1_slb", "choose_top1",
-                                                                "choose_top1_crossfit", "kept")}}
+                                 "built": not summary.get("kept"), **choice_figures(out)}
             # off: the same router whose stage never escalates (the SLB's scan of the reader's own pass, as in
             # bench/routing_escalation.py), so the arms differ in the stage alone
             stages = {OFF: dataclasses.replace(stages[arm_name(seeds[0])], tau=0.0), **stages}

@@ -40,3 +40,18 @@ def test_plot_writes_a_png(tmp_path):
     rep = {"sizes": ["10", "250"], "pooled": p, "folds": [0], "draws": 3, "spread": b.spread(p, [0, 1], ["10", "250"])}
     b.plot(rep, str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_choice_figures_are_the_readers_own_calibration():
+    import json
+
+    from services.router.late_reader import META_FILE
+    from tests.conftest import REPO
+
+    b = load_bench("routing_late_seeds")
+    reader = REPO / "var" / "models" / "late_reader"
+    section = json.loads((reader / META_FILE).read_text())["arg_evidence"]
+    got = b.choice_figures(reader)
+    assert got == {"choose_top1_slb": section["choose_top1_slb"], "choose_top1": section["choose_top1"],
+                   "choose_top1_crossfit": section["crossfit"]["top1"]}
+    assert 0 < got["choose_top1_slb"] <= got["choose_top1"] <= 1
