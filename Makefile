@@ -170,7 +170,7 @@ reliability: setup  ## bad inputs + faults + fuzz + load figures -> reports/reli
 eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing.json
 	$(PY) bench/routing_escalation.py --queries $(QUERIES) --tools $(TOOLS) --json reports/routing_escalation.json
-	$(PY) bench/routing_late_seeds.py --queries $(QUERIES) --tools $(TOOLS) --seeds 0,1 \
+	$(PY) bench/routing_late_seeds.py --queries $(QUERIES) --tools $(TOOLS) --seeds 0,1,2 \
 		--json reports/routing_late_seeds.json
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --slots var/models/slots \
 		--holdout-server '' --no-concat --json reports/routing_staged.json

@@ -92,7 +92,7 @@ def plot(report: dict, path: str) -> None:
             text = f"{y:.2f} %"
             if a != OFF:  # the paired figure: line-draws this seed's stage fixed and broke against the stage off
                 c = report.get("paired_vs_off", {}).get(a, {}).get(s, {})
-                text += f"\n{y - ys[0]:+.2f} pts" + (f"\n{c['fixed']} fixed / {c['broken']} broken" if c else "")
+                text += f"\n{y - ys[0]:+.2f} pts" + (f"\n{c['fixed']} fixed\n{c['broken']} broken" if c else "")
             ax.text(x, bottom + 0.3, text, ha="center", va="bottom", fontsize=7, color="white")
         ax.set_xticks(range(len(arms)), arms, fontsize=8)
         ax.set_ylim(bottom, min(100, max(ys) + 3))
