@@ -25,12 +25,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from routing_fold_reports import sign_test  # noqa: E402
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
@@ -90,9 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _open_router,
         held_out_late_readers,
         held_out_models,
-        pool_line_draws,
         pooled_top1,
         route_stage_arms,
+        stage_arm_figures,
         write_report,
     )
 
@@ -100,8 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     proto, dirs = held_out_models(a, folds, given)
     readers = held_out_late_readers(a, proto, dirs, [a.late_seed])
     arms = [arm_name(x) for x in scales]
-    hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
-    esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
+    hits: dict[str, dict[str, dict[str, bool]]] = {}
+    esc: dict[str, dict[str, list[bool]]] = {}
     per_fold = {}
     embedder = Embedder("")
     with tempfile.TemporaryDirectory(prefix="nexus-escalation-") as tmp:
@@ -119,11 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             route_stage_arms(router, proto, idxs, stages, hits, esc, desc=f"fold {f}")
             per_fold[str(f)] = {"model": str(dirs[f]), "late_reader": str(late), "n": len(idxs),
                                 "feature": calibrated.feature, "alpha": calibrated.alpha, "tau": calibrated.tau}
-    pooled, paired = pool_line_draws(hits, "calibrated")
-    for by_size in paired.values():
-        for c in by_size.values():
-            c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
-    rates = {arm: {s: float(np.mean(v)) for s, v in by_size.items()} for arm, by_size in esc.items()}
+    pooled, paired, rates = stage_arm_figures(hits, esc, "calibrated")
     report = {
         "bench": "bench/routing_escalation.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
         "late_seed": a.late_seed,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,18 +22,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from services.evals.stats import sign_test  # noqa: E402  (the benches' paired test; its home is services/evals)
+
 SIZES = ("10", "250", "all")
-
-
-def sign_test(fixed: int, broken: int) -> float:
-    """Two-sided exact binomial p of ``fixed`` vs ``broken`` changed pairs under "the stage changes nothing on
-    average" (ties, the unchanged pairs, carry no information)."""
-    n = fixed + broken
-    if n == 0:
-        return 1.0
-    k = min(fixed, broken)
-    p = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
-    return min(1.0, 2 * p)
 
 
 def load_grid(paths: Sequence[str]) -> dict[str, dict[str, Any]]:

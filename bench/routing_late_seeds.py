@@ -28,8 +28,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from routing_fold_reports import sign_test  # noqa: E402
-
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
 OFF = "off"
@@ -124,17 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _open_router,
         held_out_late_readers,
         held_out_models,
-        pool_line_draws,
         pooled_top1,
         route_stage_arms,
+        stage_arm_figures,
         write_report,
     )
 
     t0 = time.time()
     proto, dirs = held_out_models(a, folds, given)
-    arms = [OFF] + [arm_name(k) for k in seeds]
-    hits: dict[str, dict[str, dict[str, bool]]] = {arm: {s: {} for s in proto.sizes} for arm in arms}
-    esc: dict[str, dict[str, list[bool]]] = {arm: {s: [] for s in proto.sizes} for arm in arms}
+    hits: dict[str, dict[str, dict[str, bool]]] = {}
+    esc: dict[str, dict[str, list[bool]]] = {}
     per_fold: dict[str, dict] = {}
     t_build = time.time()
     readers = held_out_late_readers(a, proto, dirs, seeds)  # every reader first, then the routing
@@ -163,11 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             idxs = proto.split(f)[1][: a.limit or None]
             route_stage_arms(router, proto, idxs, stages, hits, esc, desc=f"fold {f}")
             per_fold[str(f)] = {"model": str(dirs[f]), "n": len(idxs), "seeds": chose}
-    pooled, paired = pool_line_draws(hits, OFF)
-    for by_size in paired.values():
-        for c in by_size.values():
-            c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
-    rates = {arm: {s: float(np.mean(v)) for s, v in by_size.items()} for arm, by_size in esc.items()}
+    pooled, paired, rates = stage_arm_figures(hits, esc, OFF)
     report = {
         "bench": "bench/routing_late_seeds.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
         "seeds": seeds, "interleaved": "line by line, arm order rotating", "held_out": not given,

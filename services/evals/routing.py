@@ -354,6 +354,20 @@ def route_stage_arms(router, proto: Protocol, idxs: Sequence[int], stages: dict[
         router.arg_evidence = own
 
 
+def stage_arm_figures(hits: dict[str, dict[str, dict[str, bool]]], escalated: dict[str, dict[str, list[bool]]],
+                      base: str) -> tuple[dict, dict, dict[str, dict[str, float]]]:
+    """What ``route_stage_arms`` filled, summed up: ``pool_line_draws`` against the arm ``base`` (each paired figure
+    with its exact ``sign_test_p``) and each arm's share escalated per size."""
+    from services.evals.stats import sign_test
+
+    pooled, paired = pool_line_draws(hits, base)
+    for by_size in paired.values():
+        for c in by_size.values():
+            c["sign_test_p"] = sign_test(c["fixed"], c["broken"])
+    rates = {arm: {s: float(np.mean(v)) for s, v in by_size.items()} for arm, by_size in escalated.items()}
+    return pooled, paired, rates
+
+
 def summarize(records: list[dict[str, Any]], n_tools: int) -> dict[str, Any]:
     n = len(records)
     ok = sum(r["correct"] for r in records)

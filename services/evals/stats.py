@@ -1,4 +1,5 @@
-"""Small statistics shared by the evaluations: Wilson intervals, bootstrap CIs of medians, percentiles."""
+"""Small statistics shared by the evaluations: Wilson intervals, bootstrap CIs of medians, percentiles, the exact
+sign test of paired changes."""
 
 from __future__ import annotations
 
@@ -68,3 +69,14 @@ def bootstrap_ratio_ci(num: Sequence[float], den: Sequence[float], iters: int = 
         out.append(median([num[i] for i in idx]) / d if d else float("nan"))
     out.sort()
     return (out[int(0.025 * iters)], out[int(0.975 * iters) - 1])
+
+
+def sign_test(fixed: int, broken: int) -> float:
+    """Two-sided exact binomial p of ``fixed`` vs ``broken`` changed pairs under "the stage changes nothing on
+    average" (ties, the unchanged pairs, carry no information)."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    k = min(fixed, broken)
+    p = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * p)

@@ -182,6 +182,19 @@ def test_arms_pool_over_lines_and_draws_with_paired_counts_against_the_base():
     assert paired == {"new": {"250": {"fixed": 1, "broken": 1}}}
 
 
+def test_stage_arm_figures_add_the_sign_test_and_the_share_escalated():
+    from services.evals.routing import pool_line_draws, stage_arm_figures
+    from services.evals.stats import sign_test
+
+    hits = {"off": {"250": {f"l{i}#0": i < 5 for i in range(20)}},
+            "on": {"250": {f"l{i}#0": i < 15 for i in range(20)}}}
+    esc = {"off": {"250": [False] * 20}, "on": {"250": [True] * 5 + [False] * 15}}
+    pooled, paired, rates = stage_arm_figures(hits, esc, "off")
+    assert pooled == pool_line_draws(hits, "off")[0]
+    assert paired == {"on": {"250": {"fixed": 10, "broken": 0, "sign_test_p": sign_test(10, 0)}}}
+    assert sign_test(10, 0) == 2 / 2 ** 10 and rates == {"off": {"250": 0.0}, "on": {"250": 0.25}}
+
+
 def test_extra_lines_keep_the_registered_tools_only(tmp_path):
     import json
 
