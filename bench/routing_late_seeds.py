@@ -10,6 +10,11 @@ The evaluation's held-out lines are then routed with the stage off and with each
 line with the arm order rotating, over ``--sizes`` x ``--draws`` draws of distractors. Written: held-out top-1 per
 arm and size (bootstrap CI over lines), the share escalated, each seed's (line, draw) pairs fixed and broken against
 the stage off (exact sign test), the spread of the gain over seeds, what each seed's calibration chose, and a PNG.
+
+With two seeds or more it also reports an ensemble of the heads, fixed before it was measured: ``vote``, the tool
+that more than half of the seeds' stages pick, else the stage off's pick (no new calibration; a read per head per
+escalation), as one more arm; and, as a ceiling rather than a router, ``hindsight``: the share of line-draws that
+at least one seed's stage gets right.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 
 OFF = "off"
+VOTE = "vote"
 
 
 def arm_name(seed: int) -> str:
@@ -46,6 +53,24 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"--seeds: distinct non-negative integers, got {text!r}")
     return seeds
+
+
+def vote_hits(picks: dict[str, dict[str, dict[str, str]]], seeds: Sequence[int], labels: dict[str, str],
+              correct: Callable[[str, str], bool]) -> tuple[dict[str, dict[str, bool]], dict[str, dict[str, bool]]]:
+    """From ``route_stage_arms``' picks (``picks[arm][size]["<line id>#<draw>"]``, arms ``off`` and each seed's) and
+    each line id's label: per size and line-draw, whether the majority vote of the seeds' stages is right (the tool
+    more than half of them pick, else the stage off's pick), and whether any seed's stage is right (hindsight)."""
+    vote: dict[str, dict[str, bool]] = {}
+    anyone: dict[str, dict[str, bool]] = {}
+    for size, off in picks[OFF].items():
+        vote[size], anyone[size] = {}, {}
+        for key, off_pick in off.items():
+            label = labels[key.rsplit("#", 1)[0]]
+            got = [picks[arm_name(k)][size][key] for k in seeds]
+            top, n = Counter(got).most_common(1)[0]
+            vote[size][key] = correct(top if 2 * n > len(seeds) else off_pick, label)
+            anyone[size][key] = any(correct(g, label) for g in got)
+    return vote, anyone
 
 
 def spread(pooled: dict, seeds: Sequence[int], sizes: Sequence[str]) -> dict[str, dict[str, float]]:
@@ -83,7 +108,7 @@ def plot(report: dict, path: str) -> None:
         ys = [100 * report["pooled"][a][s]["accuracy"] for a in arms]
         lo = [y - 100 * report["pooled"][a][s]["ci95"][0] for a, y in zip(arms, ys, strict=True)]
         hi = [100 * report["pooled"][a][s]["ci95"][1] - y for a, y in zip(arms, ys, strict=True)]
-        colors = ["#999999" if a == OFF else "#2a9d8f" for a in arms]
+        colors = ["#999999" if a == OFF else "#e76f51" if a == VOTE else "#2a9d8f" for a in arms]
         ax.bar(range(len(arms)), ys, yerr=[lo, hi], capsize=3, color=colors)
         bottom = min(ys) - 4
         for x, (a, y) in enumerate(zip(arms, ys, strict=True)):
@@ -93,7 +118,12 @@ def plot(report: dict, path: str) -> None:
                 text += f"\n{y - ys[0]:+.2f} pts" + (f"\n{c['fixed']} fixed\n{c['broken']} broken" if c else "")
             ax.text(x, bottom + 0.3, text, ha="center", va="bottom", fontsize=7, color="white")
         ax.set_xticks(range(len(arms)), arms, fontsize=8)
-        ax.set_ylim(bottom, min(100, max(ys) + 3))
+        ceiling = 100 * report["hindsight"][s]["accuracy"] if report.get("hindsight") else 0
+        ax.set_ylim(bottom, min(100, max(ys + [ceiling]) + 3))
+        if report.get("hindsight"):  # a ceiling, not a router: some seed's stage right
+            y = 100 * report["hindsight"][s]["accuracy"]
+            ax.axhline(y, color="#e76f51", ls=":", lw=1)
+            ax.text(-0.45, y + 0.1, f"any seed right (hindsight) {y:.2f} %", ha="left", va="bottom", fontsize=7)
         ax.set_title(f"N = {s}: gain sd over seeds {report['spread'][s]['sd']:.2f} pts", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("held-out top-1 (%), 95 % CI bootstrap over lines")
@@ -118,10 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
+    from services.evals.data import is_correct
     from services.evals.routing import (
         _open_router,
         held_out_late_readers,
         held_out_models,
+        pool_line_draws,
         pooled_top1,
         route_stage_arms,
         stage_arm_figures,
@@ -132,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     proto, dirs = held_out_models(a, folds, given)
     hits: dict[str, dict[str, dict[str, bool]]] = {}
     esc: dict[str, dict[str, list[bool]]] = {}
+    picks: dict[str, dict[str, dict[str, str]]] = {}
     per_fold: dict[str, dict] = {}
     t_build = time.time()
     readers = held_out_late_readers(a, proto, dirs, seeds)  # every reader first, then the routing
@@ -158,15 +191,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             # bench/routing_escalation.py), so the arms differ in the stage alone
             stages = {OFF: dataclasses.replace(stages[arm_name(seeds[0])], tau=0.0), **stages}
             idxs = proto.split(f)[1][: a.limit or None]
-            route_stage_arms(router, proto, idxs, stages, hits, esc, desc=f"fold {f}")
+            route_stage_arms(router, proto, idxs, stages, hits, esc, desc=f"fold {f}", picks=picks)
             per_fold[str(f)] = {"model": str(dirs[f]), "n": len(idxs), "seeds": chose}
+    hindsight = None
+    if len(seeds) > 1:
+        hits[VOTE], anyone = vote_hits(picks, seeds, {ln.id: ln.tool for ln in proto.lines}, is_correct)
+        esc[VOTE] = {s: [any(e) for e in zip(*(esc[arm_name(k)][s] for k in seeds), strict=True)] for s in esc[OFF]}
+        hindsight = pool_line_draws({"any": anyone}, "any")[0]["any"]
     pooled, paired, rates = stage_arm_figures(hits, esc, OFF)
     report = {
         "bench": "bench/routing_late_seeds.py", "folds": folds, "draws": a.draws, "sizes": proto.sizes,
         "seeds": seeds, "interleaved": "line by line, arm order rotating", "held_out": not given,
         "per_fold": per_fold, "pooled": pooled, "escalation_rate": rates, "paired_vs_off": paired,
-        "spread": spread(pooled, seeds, proto.sizes), "build_seconds": build_s, "cpus": os.cpu_count(),
-        "load_avg_1m_at_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 1),
+        "spread": spread(pooled, seeds, proto.sizes), "hindsight": hindsight, "build_seconds": build_s,
+        "cpus": os.cpu_count(), "load_avg_1m_at_end": os.getloadavg()[0], "seconds": round(time.time() - t0, 1),
     }
     write_report(a.json, report, plot, echo=[pooled_top1(pooled), report["spread"], per_fold])
     return 0

@@ -331,12 +331,13 @@ def route_lines(router, lines: Sequence[QueryLine], regs: dict[Any, list[list[st
 
 def route_stage_arms(router, proto: Protocol, idxs: Sequence[int], stages: dict[str, Any],
                      hits: dict[str, dict[str, dict[str, bool]]], escalated: dict[str, dict[str, list[bool]]],
-                     desc: str = "") -> None:
+                     desc: str = "", picks: dict[str, dict[str, dict[str, str]]] | None = None) -> None:
     """The benches' arms of a second stage: route lines ``idxs`` of ``proto`` over every (size, draw) registry once
     per arm of ``stages`` (``{arm: the argument-evidence stage the router routes with}``, None for none), interleaved
     line by line with the arm order rotating, so a noisy machine's drift falls on every arm alike. Fills
-    ``hits[arm][size]["<line id>#<draw>"]`` (a right pick, ``pool_line_draws``'s input) and ``escalated[arm][size]``;
-    a bar named ``desc`` when given. The router's own stage is put back afterwards."""
+    ``hits[arm][size]["<line id>#<draw>"]`` (a right pick, ``pool_line_draws``'s input) and ``escalated[arm][size]``,
+    and ``picks`` the same way with the tool picked, when given; a bar named ``desc`` when given. The router's own
+    stage is put back afterwards."""
     import sys
 
     from tqdm import tqdm
@@ -348,7 +349,10 @@ def route_stage_arms(router, proto: Protocol, idxs: Sequence[int], stages: dict[
             for arm in arms[j % len(arms):] + arms[:j % len(arms)]:
                 router.arg_evidence = stages[arm]
                 for (s, d), recs in route_lines(router, proto.lines, regs, [i]).items():
-                    hits.setdefault(arm, {}).setdefault(s, {})[f"{recs[0]['id']}#{d}"] = recs[0]["correct"]
+                    key = f"{recs[0]['id']}#{d}"
+                    hits.setdefault(arm, {}).setdefault(s, {})[key] = recs[0]["correct"]
+                    if picks is not None:
+                        picks.setdefault(arm, {}).setdefault(s, {})[key] = recs[0]["pred"]
                     escalated.setdefault(arm, {}).setdefault(s, []).append(recs[0]["escalated"])
     finally:
         router.arg_evidence = own

@@ -40,6 +40,12 @@ def test_plot_writes_a_png(tmp_path):
     rep = {"sizes": ["10", "250"], "pooled": p, "folds": [0], "draws": 3, "spread": b.spread(p, [0, 1], ["10", "250"])}
     b.plot(rep, str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # with the vote arm, its pairs and the hindsight ceiling
+    rep["pooled"] |= pooled({"vote": {"10": 0.975, "250": 0.912}})
+    rep["paired_vs_off"] = {"vote": {"10": {"fixed": 2, "broken": 0}, "250": {"fixed": 30, "broken": 6}}}
+    rep["hindsight"] = pooled({"any": {"10": 0.98, "250": 0.93}})["any"]
+    b.plot(rep, str(tmp_path / "v.png"))
+    assert (tmp_path / "v.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_choice_figures_are_the_readers_own_calibration():
@@ -55,3 +61,22 @@ def test_choice_figures_are_the_readers_own_calibration():
     assert got == {"choose_top1_slb": section["choose_top1_slb"], "choose_top1": section["choose_top1"],
                    "choose_top1_crossfit": section["crossfit"]["top1"]}
     assert 0 < got["choose_top1_slb"] <= got["choose_top1"] <= 1
+
+
+def test_vote_is_the_seeds_majority_else_the_stage_off_and_hindsight_any_seed_right():
+    from services.evals.data import is_correct
+
+    b = load_bench("routing_late_seeds")
+    labels = {"a": "t1", "b": "t2", "c": "t3"}
+    picks = {"off": {"250": {"a#0": "t1", "b#0": "x", "c#0": "t3", "a#1": "x"}},
+             "seed 0": {"250": {"a#0": "x", "b#0": "t2", "c#0": "y", "a#1": "x"}},
+             "seed 1": {"250": {"a#0": "x", "b#0": "t2", "c#0": "z", "a#1": "t1"}},
+             "seed 2": {"250": {"a#0": "t1", "b#0": "y", "c#0": "t3", "a#1": "y"}}}
+    vote, anyone = b.vote_hits(picks, [0, 1, 2], labels, is_correct)
+    # a#0: two seeds agree on a wrong tool and outvote the right one; b#0: the majority is right;
+    # c#0: no majority, so the stage off's pick (right); a#1: no majority, the stage off's pick (wrong)
+    assert vote == {"250": {"a#0": False, "b#0": True, "c#0": True, "a#1": False}}
+    assert anyone == {"250": {"a#0": True, "b#0": True, "c#0": True, "a#1": True}}
+    # two seeds: a majority is both of them, else the stage off's pick
+    vote2, _ = b.vote_hits(picks, [0, 2], labels, is_correct)
+    assert vote2 == {"250": {"a#0": True, "b#0": False, "c#0": True, "a#1": False}}

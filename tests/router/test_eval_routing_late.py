@@ -83,8 +83,8 @@ def test_the_benches_stage_arms_route_as_each_stage_alone_and_leave_the_routers_
     assert own is not None and own.tau > 0
     stages = {"off": dataclasses.replace(own, tau=0.0), "on": own, "wide": dataclasses.replace(own, tau=own.tau * 50)}
     idxs = list(range(0, 400, 10))
-    hits, esc = {}, {}
-    route_stage_arms(router, proto, idxs, stages, hits, esc)
+    hits, esc, picks = {}, {}, {}
+    route_stage_arms(router, proto, idxs, stages, hits, esc, picks=picks)
     assert router.arg_evidence is own
     regs = {(s, d): r[s] for d, r in enumerate(proto.draw_regs) for s in proto.sizes}
     for arm, stage in stages.items():
@@ -92,6 +92,8 @@ def test_the_benches_stage_arms_route_as_each_stage_alone_and_leave_the_routers_
         alone = route_lines(router, proto.lines, regs, idxs)
         assert {f"{r['id']}#{d}": r["correct"] for (s, d), recs in alone.items() if s == "all" for r in recs} \
             == hits[arm]["all"]
+        assert {f"{r['id']}#{d}": r["pred"] for (s, d), recs in alone.items() if s == "all" for r in recs} \
+            == picks[arm]["all"]
         assert [r["escalated"] for (s, d), recs in alone.items() if s == "10" for r in recs] != [] \
             and len(esc[arm]["10"]) == 2 * len(idxs)
     router.arg_evidence = own
