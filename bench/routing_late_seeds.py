@@ -118,12 +118,13 @@ def plot(report: dict, path: str) -> None:
                 text += f"\n{y - ys[0]:+.2f} pts" + (f"\n{c['fixed']} fixed\n{c['broken']} broken" if c else "")
             ax.text(x, bottom + 0.3, text, ha="center", va="bottom", fontsize=7, color="white")
         ax.set_xticks(range(len(arms)), arms, fontsize=8)
-        ceiling = 100 * report["hindsight"][s]["accuracy"] if report.get("hindsight") else 0
-        ax.set_ylim(bottom, min(100, max(ys + [ceiling]) + 3))
-        if report.get("hindsight"):  # a ceiling, not a router: some seed's stage right
-            y = 100 * report["hindsight"][s]["accuracy"]
-            ax.axhline(y, color="#e76f51", ls=":", lw=1)
-            ax.text(-0.45, y + 0.1, f"any seed right (hindsight) {y:.2f} %", ha="left", va="bottom", fontsize=7)
+        # a ceiling, not a router: some seed's stage right
+        ceiling = 100 * report["hindsight"][s]["accuracy"] if report.get("hindsight") else None
+        ax.set_ylim(bottom, min(100, max(ys + [ceiling or 0]) + 3))
+        if ceiling is not None:
+            ax.axhline(ceiling, color="#e76f51", ls=":", lw=1)
+            ax.text(-0.45, ceiling + 0.1, f"any seed right (hindsight) {ceiling:.2f} %", ha="left", va="bottom",
+                    fontsize=7)
         ax.set_title(f"N = {s}: gain sd over seeds {report['spread'][s]['sd']:.2f} pts", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("held-out top-1 (%), 95 % CI bootstrap over lines")
