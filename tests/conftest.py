@@ -157,11 +157,15 @@ class ServerThread:
         self._thread.join(timeout=30)
 
 
-def start_compiler(store_url: str) -> ServerThread:
+def start_compiler(store_url: str, **kw) -> ServerThread:
+    """A compiler on port 0. Derived requests are off unless asked for (``derive=True``): the generator is a 491 MB
+    model whose background work would share the two cores with every other test; tests/compiler/test_derive.py
+    runs it for real."""
     from services.compiler.config import CompilerConfig
     from services.compiler.server import run
 
-    return ServerThread(run, CompilerConfig(port=0, store_url=store_url, grace_s=0.5, metrics_port=0)).start()
+    kw.setdefault("derive", False)
+    return ServerThread(run, CompilerConfig(port=0, store_url=store_url, grace_s=0.5, metrics_port=0, **kw)).start()
 
 
 def start_engine(store_url: str, **kw) -> ServerThread:

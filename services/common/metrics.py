@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 log = logging.getLogger("nexus.metrics")
 
@@ -44,6 +44,9 @@ class Metrics:
                                 ["cached"], registry=r)
         self.grammar_fallbacks = Counter("nexus_grammar_fallbacks_total",
                                          "Schemas compiled with the looser fallback grammar", registry=r)
+        self.derive_pending = Gauge("nexus_derive_pending", "Tools waiting for their derived requests", registry=r)
+        self.derived = Counter("nexus_derived_total", "Tools whose derived requests were written, by source "
+                               "(generated now, or the shipped data of the default registry)", ["source"], registry=r)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int | None:
         """Expose ``/metrics`` on ``port`` (0 = disabled). Returns the port or None."""

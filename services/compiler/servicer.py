@@ -31,9 +31,10 @@ def _ref(kind: str, info) -> compiler_pb2.ArtifactRef:
 
 
 class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
-    def __init__(self, compiler: Compiler, metrics: Metrics | None = None):
+    def __init__(self, compiler: Compiler, metrics: Metrics | None = None, derive=None):
         self.compiler = compiler
         self.metrics = metrics or Metrics("compiler")
+        self.derive = derive  # a services.compiler.derive.DeriveWorker, or None
 
     async def Compile(self, request, context):
         if not request.tool.strip():
@@ -43,6 +44,8 @@ class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
         self.metrics.compiles.labels(str(res.cached).lower()).inc()
         if res.grammar_fallback and not res.cached:
             self.metrics.grammar_fallbacks.inc()
+        if self.derive is not None:  # queued, never waited for: the tool routes on its text key meanwhile
+            await asyncio.to_thread(self.derive.submit, tool)
         return compiler_pb2.CompileResponse(
             tool=res.tool, schema_hash=res.schema_hash, signature=res.signature,
             signature_tokens=res.signature_tokens, grammar_fallback=res.grammar_fallback, cached=res.cached,

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def _hp_from_args(args: argparse.Namespace):
@@ -50,7 +51,7 @@ def _checkout_data(name: str) -> str:
     from pathlib import Path
 
     d = Path(__file__).resolve().parents[2] / "data" / name
-    return str(d) if d.is_dir() else ""
+    return str(d) if d.exists() else ""
 
 
 def _add_calibration_arg(p: argparse.ArgumentParser) -> None:
@@ -94,7 +95,13 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="10,50,100,250,all", help="registry sizes, comma-separated ('all' allowed)")
     p.add_argument("--json", required=True, dest="out", help="report JSON (the PNG plot is written beside it)")
     p.add_argument("--plot", default=None, help="PNG path (default: OUT with .png)")
-    p.add_argument("--folds", type=int, default=3, help="k of the held-out k-fold (per tool line)")
+    p.add_argument("--protocol", choices=("seen", "unseen"), default="seen",
+                   help="unseen: k-fold by server, every line routed by arms that took nothing from its server "
+                        "(services/evals/unseen.py, the headline figure); seen (default): known tools, new requests")
+    p.add_argument("--folds", type=int, default=None,
+                   help="k of the held-out k-fold (default: 3 per tool line; 4 by server with --protocol unseen)")
+    p.add_argument("--derived", default=_checkout_data("derived/requests.jsonl"),
+                   help="--protocol unseen: the registry's derived requests (nexus derive; '' = no derived arm)")
     p.add_argument("--draws", type=_positive_int, default=1,
                    help="independent draws of each line's distractors per size (rates over all draws, CIs by "
                         "bootstrap over lines)")
@@ -130,9 +137,21 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     def run(args: argparse.Namespace) -> int:
         from services.evals.routing import evaluate
 
-        _check_slots(args.slots)
         t0 = time.time()
-        rep = evaluate(args.queries, args.tools, args.sizes, args.out, seed=args.seed, folds=args.folds,
+        if args.protocol == "unseen":
+            from services.evals import unseen
+
+            if args.derived and not Path(args.derived).is_file():
+                raise SystemExit(f"nexus eval routing: no derived requests at {args.derived} (nexus derive writes "
+                                 "them; --derived '' runs without that arm)")
+            rep = unseen.evaluate(args.queries, args.tools, args.out, sizes=args.sizes, k=args.folds or 4,
+                                  seed=args.seed, draws=args.draws, derived=args.derived, progress=not args.quiet)
+            brief = {a: {s: {k: round(v[k], 4) for k in ("top1", "top3")} for s, v in by.items()}
+                     for a, by in rep["arms"].items()}
+            print(json.dumps({"arms": brief, "json": args.out, "seconds": round(time.time() - t0)}, indent=2))
+            return 0
+        _check_slots(args.slots)
+        rep = evaluate(args.queries, args.tools, args.sizes, args.out, seed=args.seed, folds=args.folds or 3,
                        holdout_server=args.holdout_server, concat_limit=args.concat_limit,
                        models_root=args.models_root, exemplar_weight=args.exemplar_weight, hp=_hp_from_args(args),
                        progress=not args.quiet, plot_path=args.plot, skip_concat=args.no_concat, model_path=args.model,

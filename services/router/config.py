@@ -54,6 +54,16 @@ class RouterConfig(TransportSecurity):
     # gate model chose on its validation + calibration lines (slb.exemplar_weight in gate.json, pooled at its
     # slb.exemplar_temperature), 0 = text keys only.
     exemplar_weight: float = -1.0
+    # Derived keys (services/compiler/derive.py): a tool with no trained exemplar keys (every tool a user registers)
+    # gets the embeddings of the requests the compiler's generator derived from it, once they are in the store;
+    # until then it routes on its text key. derived_fingerprint: the generator whose requests are read ('' = the
+    # default generator, the pinned GGUF of models/gguf.json). Without a gate model they are pooled with
+    # derived_weight / derived_temperature (chosen on the unseen-tools protocol, reports/routing_unseen.json); with one,
+    # as its exemplar keys are.
+    derived_keys: bool = True
+    derived_fingerprint: str = ""
+    derived_weight: float = 1.0
+    derived_temperature: float = 0.05
     # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
     native_scan: bool = True
     # How the router reaches a secured compiler: CA to trust (turns TLS on), client cert + key (mTLS), token.

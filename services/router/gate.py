@@ -71,8 +71,10 @@ class GateInfo:
     exemplar_gap: float = 0.0
     # pooling of a tool's exemplar sims: 0 = their max, T > 0 = their log-mean-exp at temperature T
     exemplar_temperature: float = 0.0
-    # a score addend per tool name, calibrated with the exemplar weight (tools not named add 0)
+    # a score addend per trained tool (by its name in training), calibrated with the exemplar weight
     tool_bias: Mapping[str, float] = field(default_factory=dict)
+    # {trained tool name: schema hash}: what each trained tool is (exemplars and bias follow the hash, not the name)
+    tool_schemas: Mapping[str, str] = field(default_factory=dict)
 
 
 class GateModel:
@@ -96,7 +98,8 @@ class GateModel:
                              exemplar_gap=float(doc.get("slb", {}).get("exemplar_gap", 0.0)),
                              exemplar_temperature=float(doc.get("slb", {}).get("exemplar_temperature", 0.0)),
                              tool_bias={str(k): float(v) for k, v in
-                                        (doc.get("slb", {}).get("tool_bias") or {}).items()})
+                                        (doc.get("slb", {}).get("tool_bias") or {}).items()},
+                             tool_schemas={str(k): str(v) for k, v in (doc.get("tool_schemas") or {}).items()})
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
         self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",
@@ -142,6 +145,13 @@ class GateModel:
         if vecs is None:
             vecs = self.embed_queries([r["text"] for r in rows]) if rows else np.zeros((0, 1), np.float32)
         return exemplar_groups([r["tool"] for r in rows], vecs)
+
+    def by_schema(self, per_tool: Mapping[str, Any]) -> dict[str, Any]:
+        """``per_tool`` (keyed by trained tool name: exemplar keys, bias) re-keyed by the trained tools' schema
+        hashes. A model without ``tool_schemas`` (trained before it existed) gives ``{}``: its per-tool data could
+        only be matched by name, and a user's tool that merely shares a name must not inherit it."""
+        schemas = self.info.tool_schemas
+        return {schemas[n]: v for n, v in per_tool.items() if n in schemas}
 
     def embed_queries(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         with self._lock:

@@ -57,6 +57,10 @@ class RouteDecision:
 class ToolEntry:
     tool: Tool
     signature: str = ""
+    # what keys the tool in the SLB: "trained" (the gate model's exemplar keys of this very schema), "derived"
+    # (the embeddings of its derived requests), "pending" (derived requests not in the store yet: text key only)
+    # or "text" (text key only: derived keys off)
+    keys: str = "text"
 
 
 @dataclass
@@ -85,12 +89,25 @@ class Router:
                       self.gate.info.path)
             self.gate = None
         self.exemplar_weight = self._exemplar_weight()
+        self.derived_fingerprint = ""
+        if config.derived_keys:
+            from services.compiler.derive import default_fingerprint
+
+            self.derived_fingerprint = config.derived_fingerprint or default_fingerprint()
+            if self.gate is None:  # no trained exemplar keys: the derived ones pooled as configured
+                self.exemplar_weight = config.derived_weight
         self.index = SemanticIndex(embedder.dim, exemplar_weight=self.exemplar_weight,
                                    prefer_native=config.native_scan,
                                    exemplar_gap=self.gate.info.exemplar_gap if self.gate is not None else 0.0,
                                    exemplar_temperature=(self.gate.info.exemplar_temperature
-                                                         if self.gate is not None else 0.0))
+                                                         if self.gate is not None else config.derived_temperature))
         self.view = RegistryView()
+        # the gate model's per-tool data, by schema hash (re-keyed to the registry's names at every load)
+        self._exemplars_by_schema: dict[str, np.ndarray] = {}
+        self._bias_by_schema: dict[str, float] = {}
+        # derived keys: embedded requests by schema hash (kept across loads), and the tools still waiting for theirs
+        self._derived_vecs: dict[str, np.ndarray] = {}
+        self._pending_derived: dict[str, str] = {}
         self._ce_texts: dict[str, str] = {}
         self._lexical: tuple[list[str], LexicalIndex] | None = None
         self._sync_lock = asyncio.Lock()
@@ -108,19 +125,23 @@ class Router:
                             "decision, and no argument-evidence stage is on; escalation is off (SLB with the tuned "
                             "query encoder only)", info.path)
             if self.exemplar_weight:
-                keys = self.gate.exemplar_keys()
-                self.index.set_exemplars(keys)
+                # keyed by schema hash: a registered tool gets the keys and bias of the trained tool it *is*
+                keys = self.gate.by_schema(self.gate.exemplar_keys())
                 # the tool bias was calibrated with the model's exemplar weight: not under another one
                 bias = info.tool_bias if self.exemplar_weight == info.exemplar_weight else {}
-                try:
-                    self.index.set_tool_bias(bias)
-                except ValueError as e:  # a corrupt gate.json: route without the bias rather than not at all
-                    log.error("gate model %s: tool bias unusable (%s); routing without it", info.path, e)
+                bad = [n for n, b in bias.items() if not np.isfinite(b)]
+                if bad:  # a corrupt gate.json: route without the bias rather than not at all
+                    log.error("gate model %s: tool bias of %r is not finite; routing without any", info.path, bad[0])
                     bias = {}
+                self._exemplars_by_schema, self._bias_by_schema = keys, self.gate.by_schema(bias)
+                if not info.tool_schemas:
+                    log.error("gate model %s has no tool_schemas (trained before artifacts were keyed by schema "
+                              "hash): routing without its exemplar keys and biases; retrain it (make models)",
+                              info.path)
                 log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
                                                         "gap": self.gate.info.exemplar_gap,
                                                         "temperature": self.gate.info.exemplar_temperature,
-                                                        "biased_tools": len(bias),
+                                                        "biased_tools": len(self._bias_by_schema),
                                                         "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
 
@@ -234,14 +255,61 @@ class Router:
             order = sorted(tools)
             self._lexical = (order, LexicalIndex.of_tools([tools[n] for n in order]))
         self._warm_reader(tools)
-        self.index.replace_all({n: vecs[n] for n in sorted(tools)})
+        exemplars = {n: self._exemplars_by_schema[t.schema_hash] for n, t in tools.items()
+                     if t.schema_hash in self._exemplars_by_schema}
+        derived = self._derived_keys({n: t for n, t in tools.items() if n not in exemplars})
+        keys_of = {n: "trained" if n in exemplars else "derived" if n in derived
+                   else "pending" if n in self._pending_derived else "text" for n in tools}
+        self.index.replace_all({n: vecs[n] for n in sorted(tools)}, exemplars={**exemplars, **derived},
+                               bias={n: self._bias_by_schema[t.schema_hash] for n, t in tools.items()
+                                     if t.schema_hash in self._bias_by_schema})
         self._ce_texts = {n: ce_tool_text(t) for n, t in tools.items()}
         self.view = RegistryView(
             tools={n: ToolEntry(t, old[n].signature if n in old and old[n].tool.schema_hash == t.schema_hash
-                                else signature(t)) for n, t in tools.items()},
+                                else signature(t), keys_of[n]) for n, t in tools.items()},
             version=version,
         )
-        log.info("registry loaded", extra={"tools": len(tools), "version": version})
+        log.info("registry loaded", extra={"tools": len(tools), "version": version, "derived_keys": len(derived),
+                                           "derived_pending": len(self._pending_derived)})
+
+    def embed_texts(self, texts: list[str]) -> np.ndarray:
+        """Requests embedded as the router embeds a query (the gate's query encoder, else the base embedder)."""
+        return self.gate.embed_queries(texts) if self.gate is not None else self.embedder.embed(texts)
+
+    def _derived_keys(self, tools: dict[str, Tool]) -> dict[str, np.ndarray]:
+        """The derived keys of ``tools`` whose derived requests are in the store (embedded once per schema);
+        the others are remembered as pending (``sync`` looks for them at every poll)."""
+        self._pending_derived = {}
+        if not self.derived_fingerprint:
+            return {}
+        from services.compiler.derive import decode_derived, derived_key
+
+        need: dict[str, list[str]] = {}
+        for t in tools.values():
+            if t.schema_hash in self._derived_vecs or t.schema_hash in need:
+                continue
+            key = derived_key(t, self.derived_fingerprint)
+            try:
+                reqs = decode_derived(self.store.get(key))
+            except ArtifactNotFound:
+                self._pending_derived[t.name] = key
+                continue
+            except (DataCorruption, ValueError) as e:
+                log.error("derived requests of %s unreadable (%s): text key only", t.name, e)
+                continue
+            need[t.schema_hash] = reqs
+        texts = [r for reqs in need.values() for r in reqs]
+        if texts:
+            mat = self.embed_texts(texts)
+            i = 0
+            for h, reqs in need.items():
+                self._derived_vecs[h] = mat[i:i + len(reqs)]
+                i += len(reqs)
+        return {n: self._derived_vecs[t.schema_hash] for n, t in tools.items()
+                if len(self._derived_vecs.get(t.schema_hash, ())) > 0}
+
+    def _derived_arrived(self) -> bool:
+        return any(self.store.exists(k) for k in list(self._pending_derived.values()))
 
     def _warm_reader(self, tools: dict[str, Tool]) -> None:
         """A reader that caches per question (the late reader) reads every new tool's questions now, at load, not
@@ -283,7 +351,8 @@ class Router:
         """Reload from the store when its registry version moved (another replica changed it)."""
         async with self._sync_lock:
             version = await asyncio.to_thread(self.store.registry_version)
-            if not force and version == self.view.version:
+            if (not force and version == self.view.version
+                    and not (self._pending_derived and await asyncio.to_thread(self._derived_arrived))):
                 return False
             tools, version = await asyncio.to_thread(self.store.registry_snapshot)
             await asyncio.to_thread(self._load, tools, version)

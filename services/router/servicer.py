@@ -51,6 +51,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         entries, version = self.router.list(request.name_prefix)
         return router_pb2.ListToolsResponse(
             tools=[router_pb2.ToolInfo(name=e.tool.name, description=e.tool.description,
-                                       schema_hash=e.tool.schema_hash, signature=e.signature) for e in entries],
+                                       schema_hash=e.tool.schema_hash, signature=e.signature, keys=e.keys)
+                   for e in entries],
             registry_version=version,
         )

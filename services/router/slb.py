@@ -256,8 +256,15 @@ class SemanticIndex:
             self._alt = {k: np.asarray(v, np.float32).reshape(self.dim) for k, v in alt.items()}
             self._snap = self._build(self._snap.names, self._snap.text)
 
-    def replace_all(self, items: Mapping[str, np.ndarray]) -> None:
-        """Rebuild from ``{name: text key}`` (the registry's order is kept)."""
+    def replace_all(self, items: Mapping[str, np.ndarray], exemplars: Mapping[str, np.ndarray] | None = None,
+                    bias: Mapping[str, float] | None = None) -> None:
+        """Rebuild from ``{name: text key}`` (the registry's order is kept); ``exemplars`` / ``bias``, when given,
+        replace the exemplar keys / tool biases in the same build (the router's, re-keyed to the registry's names
+        at every load)."""
+        if bias is not None:
+            bad = [n for n, b in bias.items() if not np.isfinite(b)]
+            if bad:
+                raise ValueError(f"tool bias of {bad[0]!r} is not finite")
         names = list(items)
         for n, v in items.items():
             if np.asarray(v).size != self.dim:
@@ -265,6 +272,10 @@ class SemanticIndex:
         text = (np.vstack([np.asarray(items[n], np.float32).reshape(1, self.dim) for n in names])
                 if names else np.zeros((0, self.dim), np.float32))
         with self._lock:
+            if exemplars is not None:
+                self._exemplars = {k: np.asarray(v, np.float32).reshape(-1, self.dim) for k, v in exemplars.items()}
+            if bias is not None:
+                self._bias = {k: float(v) for k, v in bias.items()}
             self._snap = self._build(names, text)
 
     def upsert(self, items: Mapping[str, np.ndarray]) -> None:

@@ -737,6 +737,11 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
             if (slb.get("version") != SLB_CALIBRATION_VERSION
                     or slb.get("calibration_hash", "") != calibration_hash(calib_examples)):
                 doc = _calibrate_existing(out, doc, examples, tools, hp, extra_examples, calib_examples)
+            if doc.get("tool_schemas") != tool_schemas(tools):  # a model from before artifacts were keyed by schema
+                doc["tool_schemas"] = tool_schemas(tools)
+                tmp = out / ".gate.json.tmp"
+                tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
+                os.replace(tmp, existing)
             if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
                 export_query_onnx(out / "query_encoder")
             else:  # ... or before its INT8 graph, or before it was smoothed (calibrated on the exemplars)
@@ -796,6 +801,9 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         "max_turns": hp.max_turns,
         "hyperparams": asdict(hp),
         "n_tools": len(names),
+        # what each trained tool *is*: the router gives a registered tool the exemplar keys and bias of the trained
+        # tool with its schema hash, never of one that merely shares its name
+        "tool_schemas": tool_schemas(tools),
         "n_fit": len(fit),
         "n_fit_extra": len(extra_examples),
         "n_val": len(val),
@@ -829,6 +837,11 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         raise
     log.info("gate model written to %s in %.0fs (tau %.4f, alpha %s)", out, doc["train_seconds"], tau, doc["alpha"])
     return doc
+
+
+def tool_schemas(tools: Sequence[Tool]) -> dict[str, str]:
+    """``{tool name: schema hash}`` of the tools a model was trained over (gate.json ``tool_schemas``)."""
+    return {t.name: t.schema_hash for t in tools}
 
 
 def default_gate_dir(lines: Sequence[Any], tools: Sequence[Tool], hp: GateHyperParams, root: str = "var/models",

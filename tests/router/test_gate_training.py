@@ -471,3 +471,58 @@ def test_the_tool_bias_lifts_a_tool_its_neighbour_keeps_beating():
     both[20:, 0] = True
     eq = fit_tool_bias(scores, both, mu=1e-3)
     assert eq[0] > eq[1] and both[np.arange(40), (scores + eq).argmax(1)].all()
+
+
+@pytest.mark.integration
+def test_exemplar_keys_and_bias_follow_the_schema_not_the_name_through_register_and_route(tiny, tmp_path):
+    """A user's tool that shares a trained tool's name inherits neither its exemplar keys nor its bias; a trained tool
+    re-registered with a new description loses them; the trained schema itself keeps them (RegisterTools + Route +
+    ListTools over gRPC, the tiny real gate model)."""
+    from nexus_client import NexusClient
+    from tests.conftest import start_compiler, start_router
+
+    assert tiny["doc"]["tool_schemas"] == {t.name: t.schema_hash for t in tiny["tools"]}
+    gate = _with_tau(tiny, -1e9, exemplar_weight=0.75, tool_bias={"get_current_time": 0.3})
+    store_url = str(tmp_path / "store")
+    compiler = start_compiler(store_url)
+    router = start_router(store_url, compiler.addr, gate_model_dir=str(gate), arg_evidence=False, native_scan=False)
+    try:
+        with NexusClient(router=router.addr, timeout_s=120) as client:
+            client.register([t.to_json() for t in tiny["tools"]])
+            keys = {t.name: t.keys for t in client.list_tools().tools}
+            assert set(keys.values()) == {"trained"}  # every tool of the model's own schemas
+            query = "what time is it in Tokyo right now?"
+            before = dict((c.tool, c.score) for c in client.route(query, top_k=len(tiny["tools"])).candidates)
+            # a user's own server with a tool named like a trained one, and a trained tool re-described
+            by_name = {t.name: t for t in tiny["tools"]}
+            mine = {"name": "get_current_time", "description": "Read the wall clock of the build farm's agents.",
+                    "inputSchema": {"type": "object", "properties": {"agent": {"type": "string"}}}}
+            convert = by_name["convert_time"]
+            redescribed = {"name": convert.name, "description": convert.description + " (v2)",
+                           "inputSchema": convert.input_schema}
+            client.register([mine, redescribed])
+            keys = {t.name: t.keys for t in client.list_tools().tools}
+            assert keys["get_current_time"] != "trained" and keys["convert_time"] != "trained"
+            assert all(keys[n] == "trained" for n in keys if n not in ("get_current_time", "convert_time"))
+            after = dict((c.tool, c.score) for c in client.route(query, top_k=len(tiny["tools"])).candidates)
+            # the unchanged tools score as before; the user's get_current_time has no bias and no exemplar keys:
+            # its score is the text key's, as for any tool registered after training
+            for n, s in before.items():
+                if n not in ("get_current_time", "convert_time"):
+                    assert after[n] == pytest.approx(s, abs=1e-4)
+            r = Router(RouterConfig(store_url=store_url, gate_model_dir=str(gate), native_scan=False,
+                                    arg_evidence=False, derived_keys=False), LocalStore(store_url), Embedder(""))
+            asyncio.run(r.sync(force=True))
+            snap = r.index._snap
+            assert snap.bias is None or snap.bias[snap.pos["get_current_time"]] == 0.0
+            assert snap.pos["get_current_time"] not in set(snap.ex_tools.tolist())
+            assert snap.pos["convert_time"] not in set(snap.ex_tools.tolist())
+            # the trained schema registered again gets its keys and bias back
+            client.register([by_name["get_current_time"].to_json(), convert.to_json()])
+            assert {t.keys for t in client.list_tools().tools} == {"trained"}
+            again = dict((c.tool, c.score) for c in client.route(query, top_k=len(tiny["tools"])).candidates)
+            for n, s in before.items():
+                assert again[n] == pytest.approx(s, abs=1e-4)
+    finally:
+        router.stop()
+        compiler.stop()
