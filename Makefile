@@ -149,6 +149,7 @@ bench: native models  ## benchmarks -> reports/*.json + PNG plots (native SLB sc
 	$(PY) bench/native_bench.py
 	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms model,off,fp32 \
 		--json reports/routing_grpc_default.json
+	$(PY) bench/derive_latency.py --registry $(TOOLS) --tools 50 --json reports/derive_latency.json
 
 # Reliability (issue #8). The sanitizer build is a separate copy of the native module (build/native-asan/pkg),
 # never installed into the venv; `make fuzz` runs it with libasan (and libstdc++, for __cxa_throw) preloaded.
@@ -176,6 +177,8 @@ reliability: setup  ## bad inputs + faults + fuzz + load figures -> reports/reli
 	$(PY) bench/reliability.py run
 
 eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
+	$(VENV)/bin/nexus eval routing --protocol unseen --queries $(QUERIES) --tools $(TOOLS) --draws 3 \
+		--json reports/routing_unseen.json
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing.json
 	$(PY) bench/routing_escalation.py --queries $(QUERIES) --tools $(TOOLS) --json reports/routing_escalation.json
 	$(PY) bench/routing_late_seeds.py --queries $(QUERIES) --tools $(TOOLS) --seeds 0,1,2 \

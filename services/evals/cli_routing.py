@@ -100,6 +100,9 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                         "(services/evals/unseen.py, the headline figure); seen (default): known tools, new requests")
     p.add_argument("--folds", type=int, default=None,
                    help="k of the held-out k-fold (default: 3 per tool line; 4 by server with --protocol unseen)")
+    p.add_argument("--gate-arm", action=argparse.BooleanOptionalAction, default=True,
+                   help="--protocol unseen: also route with each fold's gate model, trained as production from "
+                        "nothing of the fold's servers (~10 min per fold once, cached under --models-root)")
     p.add_argument("--derived", default=_checkout_data("derived/requests.jsonl"),
                    help="--protocol unseen: the registry's derived requests (nexus derive; '' = no derived arm)")
     p.add_argument("--draws", type=_positive_int, default=1,
@@ -145,7 +148,9 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                 raise SystemExit(f"nexus eval routing: no derived requests at {args.derived} (nexus derive writes "
                                  "them; --derived '' runs without that arm)")
             rep = unseen.evaluate(args.queries, args.tools, args.out, sizes=args.sizes, k=args.folds or 4,
-                                  seed=args.seed, draws=args.draws, derived=args.derived, progress=not args.quiet)
+                                  seed=args.seed, draws=args.draws, derived=args.derived, progress=not args.quiet,
+                                  gate=args.gate_arm, augment=args.augment, calibration=args.calibration,
+                                  models_root=args.models_root)
             brief = {a: {s: {k: round(v[k], 4) for k in ("top1", "top3")} for s, v in by.items()}
                      for a, by in rep["arms"].items()}
             print(json.dumps({"arms": brief, "json": args.out, "seconds": round(time.time() - t0)}, indent=2))

@@ -82,19 +82,28 @@ class Scorer:
     tool) pooled with a weight and temperature; ``top3`` ranks within a line's registry mask."""
 
     def __init__(self, names: Sequence[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray] | None = None,
-                 weight: float = 0.0, temperature: float = 0.0):
+                 weight: float = 0.0, temperature: float = 0.0, alt: Mapping[str, np.ndarray] | None = None,
+                 lexical: np.ndarray | None = None, lexical_weight: float = 0.0):
+        """``alt``: a second key per tool (the tool scores the max of the two, as the router's alternate keys);
+        ``lexical``: per line (rows, in line order) the BM25 score of every tool (``names`` order), added times
+        ``lexical_weight``."""
         from services.router.slb import SemanticIndex
 
         self.names = list(names)
         self.index = SemanticIndex(text.shape[1], exemplar_weight=weight if exemplars else 0.0,
                                    exemplar_temperature=temperature)
+        if alt:
+            self.index.set_alt_keys(alt)
         self.index.replace_all({n: text[i] for i, n in enumerate(self.names)}, exemplars=exemplars or {})
         self.pos = {n: i for i, n in enumerate(self.names)}
+        self.lexical = lexical if lexical_weight > 0 else None
+        self.lexical_weight = np.float32(lexical_weight)
 
-    def top3(self, qvec: np.ndarray, registry: Sequence[str]) -> list[str]:
+    def top3(self, qvec: np.ndarray, registry: Sequence[str], line: int = -1) -> list[str]:
         mask = np.zeros(len(self.names), bool)
         mask[[self.pos[n] for n in registry]] = True
-        return [n for n, _ in self.index.search(qvec, 3, allowed=mask)]
+        bonus = self.lexical_weight * self.lexical[line] if self.lexical is not None else None
+        return [n for n, _ in self.index.search(qvec, 3, allowed=mask, bonus=bonus)]
 
 
 def _hits(scorer: Scorer, qv: np.ndarray, lines: Sequence[QueryLine], idxs: Sequence[int],
@@ -103,25 +112,23 @@ def _hits(scorer: Scorer, qv: np.ndarray, lines: Sequence[QueryLine], idxs: Sequ
     out = {}
     for d, r in enumerate(regs):
         for i in idxs:
-            top = scorer.top3(qv[i], r[size][i])
+            top = scorer.top3(qv[i], r[size][i], i)
             ln = lines[i]
             out[f"{ln.id}#{d}"] = (is_correct(top[0], ln.tool), any(is_correct(n, ln.tool) for n in top))
     return out
 
 
-def choose_pooling(names: Sequence[str], text: np.ndarray, exemplars: Mapping[str, np.ndarray], qv: np.ndarray,
-                   lines: Sequence[QueryLine], idxs: Sequence[int], regs: Sequence[Mapping[str, list[list[str]]]],
-                   size: str, weights: Sequence[float], temperatures: Sequence[float]) -> dict[str, Any]:
-    """The (weight, temperature) of the best top-1 on lines ``idxs`` (the other folds' lines) at ``size``, the
-    first draw; ties: the smaller weight, then the smaller temperature."""
-    grid = {}
-    for w in weights:
-        for t in temperatures:
-            h = _hits(Scorer(names, text, exemplars, w, t), qv, lines, idxs, regs[:1], size)
-            grid[f"{w}/{t}"] = float(np.mean([a for a, _ in h.values()])) if h else 0.0
-    best = max(grid, key=lambda k: (grid[k], -float(k.split("/")[0]), -float(k.split("/")[1])))
-    w, t = (float(x) for x in best.split("/"))
-    return {"weight": w, "temperature": t, "choosing_top1": grid[best], "grid": grid}
+def choose(build, grid: Sequence[dict[str, float]], qv: np.ndarray, lines: Sequence[QueryLine],
+           idxs: Sequence[int], regs: Sequence[Mapping[str, list[list[str]]]], size: str) -> dict[str, Any]:
+    """The setting of ``grid`` whose scorer (``build(**setting)``) has the best top-1 on lines ``idxs`` (the other
+    folds' lines) at ``size``, the first draw; ties: the first in grid order (the grids go from weak to strong)."""
+    scores = []
+    for setting in grid:
+        h = _hits(build(**setting), qv, lines, idxs, regs[:1], size)
+        scores.append(float(np.mean([a for a, _ in h.values()])) if h else 0.0)
+    best = int(np.argmax(scores))
+    return {"setting": dict(grid[best]), "choosing_top1": scores[best],
+            "grid": [{**g, "top1": sc} for g, sc in zip(grid, scores, strict=True)]}
 
 
 def summarize_arm(hits: Mapping[str, tuple[bool, bool]], lines_by_id: Mapping[str, QueryLine]) -> dict[str, Any]:
@@ -152,7 +159,8 @@ def paired(hits: Mapping[str, tuple[bool, bool]], base: Mapping[str, tuple[bool,
 def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100,250,all", k: int = 4,
              seed: int = 0, draws: int = 3, derived: str = "", weights: Sequence[float] = (0.5, 1.0, 2.0, 5.0),
              temperatures: Sequence[float] = (0.0, 0.05, 0.2), choose_size: str = "",
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, gate: bool = False, augment: str = "", calibration: str = "",
+             models_root: str = "var/models", hp: Any = None) -> dict[str, Any]:
     """Run the unseen-tools protocol (module docstring) and write the report JSON + PNG; returns the report."""
     from services.common.embedder import Embedder, tool_text
     from services.evals.routing import registries_for
@@ -183,7 +191,25 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
             out.setdefault(n, []).append(v)
         return {n: np.vstack(v) for n, v in out.items()}
 
-    arm_keys: dict[str, dict[str, np.ndarray]] = {"template": keys_of(template_requests(registry.tools, seed))}
+    from services.router.keys import LexicalIndex, alt_tool_text, query_part
+
+    alt_mat = emb.embed([alt_tool_text(by_name[n]) for n in names])
+    alt = {n: alt_mat[i] for i, n in enumerate(names)}
+    lex_index = LexicalIndex.of_tools([by_name[n] for n in names])
+    lexical = np.vstack([lex_index.scores(query_part(routing_text(ln.query, list(ln.history)))) for ln in lines])
+    pooling = [{"weight": w, "temperature": t} for w in weights for t in temperatures]
+    lex_grid = [{"lexical_weight": x} for x in (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)]
+    # each arm: the grid its setting is chosen from (on the other folds' lines) and how it scores
+    arms: dict[str, tuple[list[dict[str, float]], Any]] = {
+        "dense": ([{}], lambda: Scorer(names, text)),
+        "alt_key": ([{}], lambda: Scorer(names, text, alt=alt)),
+        "lexical": (lex_grid, lambda lexical_weight: Scorer(names, text, lexical=lexical,
+                                                            lexical_weight=lexical_weight)),
+        "alt_key+lexical": (lex_grid, lambda lexical_weight: Scorer(names, text, alt=alt, lexical=lexical,
+                                                                    lexical_weight=lexical_weight)),
+    }
+    template = keys_of(template_requests(registry.tools, seed))
+    arms["template"] = (pooling, lambda weight, temperature: Scorer(names, text, template, weight, temperature))
     derived_info: dict[str, Any] = {}
     if derived:
         from services.compiler.derive import read_requests_file
@@ -193,32 +219,35 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
         if missing:
             raise ValueError(f"{derived} has no derived requests for {len(missing)} tools (e.g. {missing[0]}): "
                              f"complete it with `nexus derive --tools {tools} --out {derived}`")
-        arm_keys["derived"] = keys_of(reqs)
+        dkeys = keys_of(reqs)
+        arms["derived"] = (pooling, lambda weight, temperature: Scorer(names, text, dkeys, weight, temperature))
+        arms["derived+alt+lexical"] = (
+            [{**p, **x} for p in pooling for x in lex_grid],
+            lambda weight, temperature, lexical_weight: Scorer(names, text, dkeys, weight, temperature, alt=alt,
+                                                               lexical=lexical, lexical_weight=lexical_weight))
         derived_info = {"file": derived, "generator": header,
                         "requests_per_tool": float(np.mean([len(reqs[by_name[n].schema_hash]) for n in names]))}
     fold_of_line = [folds[ln.server] for ln in lines]
-    hits: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {a: {s: {} for s in size_list}
-                                                               for a in ["dense", *arm_keys]}
-    chosen: dict[str, dict[str, Any]] = {a: {} for a in arm_keys}
-    dense = Scorer(names, text)
+    hits: dict[str, dict[str, dict[str, tuple[bool, bool]]]] = {a: {s: {} for s in size_list} for a in arms}
+    chosen: dict[str, dict[str, Any]] = {a: {} for a in arms}
     from tqdm import tqdm
 
-    bar = tqdm(total=k * len(size_list) * (1 + len(arm_keys)), desc="unseen protocol", file=sys.stderr,
-               disable=not progress)
+    bar = tqdm(total=k * len(arms), desc="unseen protocol", unit="fold-arm", file=sys.stderr, disable=not progress)
     for f in range(k):
         held = [i for i, g in enumerate(fold_of_line) if g == f]
         other = [i for i, g in enumerate(fold_of_line) if g != f]
-        for s in size_list:
-            hits["dense"][s].update(_hits(dense, qv, lines, held, regs, s))
-            bar.update(1)
-        for arm, ex in arm_keys.items():
-            c = choose_pooling(names, text, ex, qv, lines, other, regs, choose_size, weights, temperatures)
+        for arm, (grid, build) in arms.items():
+            c = choose(build, grid, qv, lines, other, regs, choose_size) if len(grid) > 1 else {"setting": {}}
             chosen[arm][str(f)] = c
-            scorer = Scorer(names, text, ex, c["weight"], c["temperature"])
+            scorer = build(**c["setting"])
             for s in size_list:
                 hits[arm][s].update(_hits(scorer, qv, lines, held, regs, s))
-                bar.update(1)
+            bar.update(1)
     bar.close()
+    gate_meta: list[dict[str, Any]] = []
+    if gate:
+        gate_meta = _gate_arms(hits, registry, lines, folds, regs, size_list, seed, augment, calibration,
+                               models_root, derived, progress, hp)
     by_id = {ln.id: ln for ln in lines}
     report: dict[str, Any] = {
         "protocol": {"name": "unseen", "k": k, "seed": seed, "draws": draws, "sizes": size_list,
@@ -229,15 +258,92 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
                      "weights": list(weights), "temperatures": list(temperatures),
                      "embedder": "all-MiniLM-L6-v2 (base), INT8 SLB"},
         "arms": {a: {s: summarize_arm(hits[a][s], by_id) for s in size_list} for a in hits},
-        "paired_vs_dense": {a: {s: paired(hits[a][s], hits["dense"][s]) for s in size_list} for a in arm_keys},
-        "chosen_pooling": chosen,
+        "paired_vs_dense": {a: {s: paired(hits[a][s], hits["dense"][s]) for s in size_list} for a in hits
+                            if a != "dense"},
+        "chosen": chosen,
         "derived": derived_info,
+        "gate_folds": gate_meta,
         "seconds": round(time.time() - t0, 1),
     }
     Path(out_json).parent.mkdir(parents=True, exist_ok=True)
     Path(out_json).write_text(json.dumps(report, indent=2, sort_keys=True))
     plot(report, str(Path(out_json).with_suffix(".png")))
     return report
+
+
+def fold_gate(f: int, registry: Registry, lines: Sequence[QueryLine], folds: Mapping[str, int], seed: int,
+              augment: str, calibration: str, models_root: str, progress: bool, hp: Any = None) -> Any:
+    """The gate model of fold ``f`` as production trains it (services/router/training.py, its default
+    hyper-parameters unless ``hp``) from nothing of the fold's servers: their tools are not in its registry, and none of their
+    lines (real, augment, calibration) reaches it; cached under ``models_root`` by its data hash."""
+    from services.evals.routing_models import load_augment, train_cached
+    from services.router.training import GateHyperParams
+
+    held = {s for s, g in folds.items() if g == f}
+    sub = registry.subset([n for n in registry.names if registry.server_of[n] not in held])
+    keep = set(sub.names)
+    train = [ln for ln in lines if ln.tool in keep]
+    extra = [ln for ln in load_augment(augment) if ln.tool in keep]
+    calib = [ln for ln in load_augment(calibration) if ln.tool in keep]
+    return train_cached(train, sub, hp or GateHyperParams(seed=seed), models_root, progress=progress,
+                        label=f"unseen fold {f} (without {', '.join(sorted(held))})", extra=extra, calibration=calib)
+
+
+def _gate_arms(hits, registry: Registry, lines: Sequence[QueryLine], folds: Mapping[str, int], regs,
+               size_list: Sequence[str], seed: int, augment: str, calibration: str, models_root: str, derived: str,
+               progress: bool, hp: Any = None) -> list[dict[str, Any]]:
+    """The ``gate`` arm (each fold's lines routed by the real router with that fold's gate model, no second
+    stage: the production SLB, fine-tuned query encoder, trained tools' exemplar keys and biases) and, with
+    ``derived``, ``gate+derived`` (the same router reading every untrained tool's derived requests from the
+    store, as in production)."""
+    import asyncio
+    import tempfile
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.evals.routing import route_lines
+    from services.router.config import RouterConfig
+    from services.router.router import Router
+
+    header, reqs = ({}, {})
+    if derived:
+        from services.compiler.derive import derived_key, encode_derived, read_requests_file
+
+        header, reqs = read_requests_file(derived)
+    arms = ["gate"] + (["gate+derived"] if derived else [])
+    for a in arms:
+        hits[a] = {s: {} for s in size_list}
+    all_regs = {(s, d): r[s] for d, r in enumerate(regs) for s in size_list}
+    fold_of_line = [folds[ln.server] for ln in lines]
+    embedder = Embedder("")
+    meta = []
+    with tempfile.TemporaryDirectory(prefix="nexus-unseen-store-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(registry.tools))
+        if derived:
+            for t in registry.tools:
+                store.put(derived_key(t, header["fingerprint"]), encode_derived(t, reqs.get(t.schema_hash, []),
+                                                                                header))
+        k = max(folds.values()) + 1
+        for f in range(k):
+            gdir = fold_gate(f, registry, lines, folds, seed, augment, calibration, models_root, progress, hp)
+            idxs = [i for i, g in enumerate(fold_of_line) if g == f]
+            for arm in arms:
+                cfg = RouterConfig(store_url=tmp, gate_model_dir=str(gdir), torch_threads=1, arg_evidence=False,
+                                   derived_keys=arm == "gate+derived", derived_fingerprint=header.get("fingerprint", ""))
+                router = Router(cfg, store, embedder)
+                asyncio.run(router.sync(force=True))
+                if router.gate is None:
+                    raise RuntimeError(f"gate model {gdir} did not load")
+                for (s, d), recs in route_lines(router, lines, all_regs, idxs).items():
+                    for r in recs:
+                        hits[arm][s][f"{r['id']}#{d}"] = (r["correct"], r["slb_top3"])
+            m = router.gate.info.meta
+            meta.append({"fold": f, "model": str(gdir), "n_tools": m["n_tools"], "n_fit": m["n_fit"],
+                         "train_seconds": m["train_seconds"],
+                         "slb": {x: (m.get("slb") or {}).get(x) for x in ("exemplar_weight", "exemplar_temperature",
+                                                                          "exemplar_gap", "tool_bias_mu")}})
+    return meta
 
 
 def plot(report: dict[str, Any], path: str) -> None:

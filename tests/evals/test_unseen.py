@@ -2,6 +2,7 @@
 through ``nexus eval routing --protocol unseen``."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,7 +42,23 @@ def test_the_scorer_ranks_in_the_lines_registry_and_exemplar_keys_move_it():
     assert unseen.Scorer(names, text, ex, weight=2.0).top3(q, names)[0] == "a"
 
 
-def test_pooling_is_chosen_on_the_other_lines_and_the_summary_pairs_with_dense():
+def test_the_setting_is_chosen_on_the_given_lines_and_the_summary_pairs_with_dense():
+    names = ["a", "b"]
+    text = np.eye(2, 4, dtype=np.float32)
+    qv = np.array([[1, 0, 0, 0], [0.9, 0.1, 0, 0]], np.float32)
+    lines = [QueryLine(id="x", server="s", tool="a", query="q"), QueryLine(id="y", server="s", tool="b", query="q")]
+    regs = [{"all": [["a", "b"], ["a", "b"]]}]
+    lex = np.array([[0.0, 0.0], [0.0, 1.0]], np.float32)  # the second line names b's words
+
+    def build(lexical_weight):
+        return unseen.Scorer(names, text, lexical=lex, lexical_weight=lexical_weight)
+
+    grid = [{"lexical_weight": 0.0}, {"lexical_weight": 1.0}]
+    assert unseen.choose(build, grid, qv, lines, [0, 1], regs, "all")["setting"] == {"lexical_weight": 1.0}
+    assert unseen.choose(build, grid, qv, lines, [0], regs, "all")["setting"] == {"lexical_weight": 0.0}  # a tie
+
+
+def test_the_summary_pools_line_draws_and_pairs_with_dense():
     lines = [QueryLine(id=f"l{i}", server="s1" if i < 2 else "s2", tool=t, query="q")
              for i, t in enumerate(["a", "b", "a"])]
     hits = {"l0#0": (True, True), "l1#0": (False, True), "l2#0": (True, True), "l0#1": (False, False)}
@@ -67,18 +84,56 @@ def test_nexus_eval_routing_protocol_unseen_writes_a_report_and_plot(tmp_path):
     queries.write_text("".join(x for x in QUERIES.read_text().splitlines(True) if json.loads(x)["server"] in keep))
     out = tmp_path / "unseen.json"
     assert main(["eval", "routing", "--protocol", "unseen", "--queries", str(queries), "--tools", str(tools),
-                 "--sizes", "5,all", "--folds", "2", "--draws", "2", "--derived", "", "--json", str(out),
+                 "--sizes", "5,all", "--folds", "2", "--draws", "2", "--derived", "", "--no-gate-arm", "--json", str(out),
                  "--quiet"]) == 0
     rep = json.loads(out.read_text())
     assert (tmp_path / "unseen.png").stat().st_size > 0
-    assert set(rep["arms"]) == {"dense", "template"} and set(rep["arms"]["dense"]) == {"5", "all"}
+    assert set(rep["arms"]) == {"dense", "alt_key", "lexical", "alt_key+lexical", "template"} and set(rep["arms"]["dense"]) == {"5", "all"}
     n = sum(1 for x in queries.read_text().splitlines() if x.strip())
     assert rep["arms"]["dense"]["all"]["n_lines"] == n and rep["arms"]["dense"]["all"]["n_line_draws"] == 2 * n
     folds = rep["protocol"]["folds"]
     assert sorted(s for v in folds.values() for s in v) == sorted(keep)
-    assert set(rep["chosen_pooling"]["template"]) == {"0", "1"}
+    assert set(rep["chosen"]["template"]) == {"0", "1"}
+    assert set(rep["chosen"]["template"]["0"]["setting"]) == {"weight", "temperature"}
+    assert len(rep["chosen"]["lexical"]["1"]["grid"]) == 8
     for arm in rep["arms"].values():
         assert 0.0 <= arm["all"]["top1"] <= arm["all"]["top3"] <= 1.0
     with pytest.raises(SystemExit, match="no derived requests"):
         main(["eval", "routing", "--protocol", "unseen", "--queries", str(queries), "--tools", str(tools),
               "--derived", str(tmp_path / "missing.jsonl"), "--json", str(out)])
+
+
+@pytest.mark.integration
+def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requests(tmp_path):
+    """Two folds of four small servers, a tiny gate recipe: each fold model's registry holds none of its fold's
+    tools, its lines none of their lines; ``gate+derived`` reads derived requests from the store (a file written
+    here, one request per tool: the mechanics, not the generator)."""
+    from services.compiler.derive import encode_derived  # noqa: F401 - the artifact format the arm writes
+    from services.router.training import GateHyperParams
+
+    keep = ("time", "redis", "sqlite", "puppeteer")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for s in keep:
+        (tools / f"{s}.json").write_text((TOOLS_DIR / f"{s}.json").read_text())
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(x for x in QUERIES.read_text().splitlines(True) if json.loads(x)["server"] in keep))
+    reg = load_registry(tools)
+    derived = tmp_path / "derived.jsonl"
+    derived.write_text(json.dumps({"generator": {"fingerprint": "e" * 64}}) + "\n" + "".join(
+        json.dumps({"tool": t.name, "schema_hash": t.schema_hash, "requests": [t.description[:80]]}) + "\n"
+        for t in reg.tools))
+    hp = GateHyperParams(seed=3, q_epochs=1, ce_epochs=1, q_batch=16, ce_batch_groups=16, val_fraction=0.25,
+                         threads=1, ce_top_k=3)
+    out = tmp_path / "unseen.json"
+    rep = unseen.evaluate(str(queries), str(tools), str(out), sizes="5,all", k=2, draws=1, derived=str(derived),
+                          gate=True, models_root=str(tmp_path / "models"), hp=hp, progress=False)
+    assert {"gate", "gate+derived", "derived"} <= set(rep["arms"])
+    n = sum(1 for x in queries.read_text().splitlines() if x.strip())
+    assert rep["arms"]["gate"]["all"]["n_line_draws"] == n == rep["arms"]["gate+derived"]["all"]["n_line_draws"]
+    folds = rep["protocol"]["folds"]
+    for meta in rep["gate_folds"]:
+        held = set(folds[str(meta["fold"])])
+        model = json.loads((Path(meta["model"]) / "gate.json").read_text())
+        assert not {reg.server_of[t] for t in model["tool_schemas"]} & held
+        assert meta["n_tools"] == sum(1 for t in reg.tools if reg.server_of[t.name] not in held)
