@@ -228,8 +228,11 @@ class RequestGenerator:
         self.fingerprint = generator_fingerprint(self.model_sha256, settings)
         self.parallel = max(1, int(parallel))
         self.n_ctx_per_seq = n_ctx_per_seq
+        from services.engine.splice import _silence_llama_logs
+
         self._ll = llama_cpp
         llama_cpp.llama_backend_init()
+        _silence_llama_logs(llama_cpp)
         mp = llama_cpp.llama_model_default_params()
         mp.use_extra_bufts = False  # AMX-advertising VMs: see services/engine/splice.py
         self.model = llama_cpp.llama_model_load_from_file(self.model_path.encode(), mp)
@@ -330,10 +333,19 @@ class RequestGenerator:
         rngs = [np.random.default_rng([st.seed, int(t.schema_hash[:15], 16)]) for t in tools]
         replies: list[bytearray] = [bytearray() for _ in tools]
         pos = [len(p) for p in prompts]
-        # each prompt's own decode (its last position's logits copied before the next one overwrites them)
+        # the prompts share the instruction and the worked example: that prefix is decoded once, in sequence 0, and
+        # copied into the others (a KV copy, no compute); then each prompt's own rest (its last position's logits
+        # copied before the next decode overwrites them)
+        common = min(len(p) for p in prompts) - 1
+        for p in prompts[1:]:
+            common = next((j for j in range(common) if p[j] != prompts[0][j]), common)
+        if common > 0:
+            self._decode([(t, j, 0, False) for j, t in enumerate(prompts[0][:common])])
+            for i in range(1, len(prompts)):
+                self._ll.llama_memory_seq_cp(self.mem, 0, i, 0, common)
         logits: list[np.ndarray | None] = []
         for i, p in enumerate(prompts):
-            self._decode([(t, j, i, j == len(p) - 1) for j, t in enumerate(p)])
+            self._decode([(t, j, i, j == len(p) - 1) for j, t in enumerate(p) if j >= common])
             logits.append(self._logits(-1).copy())
         active = list(range(len(tools)))
         for _ in range(st.max_tokens):

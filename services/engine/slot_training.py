@@ -338,7 +338,7 @@ def add_train_slots_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(args) -> int:
-        from services.evals.routing_models import load_augment, prepare_training_env
+        from services.evals.data import load_augment, prepare_training_env
 
         prepare_training_env()  # before torch runs: passive OpenMP waits (spinning: 5.3 vs 1.1 s/step beside a job)
         from services.evals.args import tune_split

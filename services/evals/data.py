@@ -8,6 +8,7 @@ The query file (``shared/data/queries/train.jsonl``) holds ~3 lines per tool in 
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -168,3 +169,30 @@ def assign_folds(lines: Sequence[QueryLine], k: int = 3, seed: int = 0) -> list[
     rng = random.Random(seed)
     perm = {t: rng.sample(range(k), k) for t in tools}
     return [perm[ln.tool][ln.slot % k] for ln in lines]
+
+
+def prepare_training_env() -> None:
+    """Before torch starts: idle OpenMP workers must yield on shared cores (spinning made 2-thread
+    inference ~20x slower here while other jobs ran), and nothing may reach for a hub."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def jsonl_files(path: str | Path) -> list[Path]:
+    """The files of a JSONL file or a directory of them (sorted; '' = none)."""
+    if not path:
+        return []
+    root = Path(path)
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise FileNotFoundError(f"augment data {root} does not exist")
+    return sorted(root.glob("*.jsonl"))
+
+
+def load_augment(path: str | Path) -> list[QueryLine]:
+    """Fit-only training lines (``data/routing_augment/*.jsonl``: requests written from the tool schemas
+    alone, never from the evaluation's query file). '' means none."""
+    return [ln for f in jsonl_files(path) for ln in load_queries(f)]

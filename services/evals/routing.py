@@ -39,7 +39,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from services.evals.data import (
     QueryLine,
     Registry,
     assign_folds,
+    equivalents,
     is_correct,
     load_queries,
     load_registry,
@@ -56,8 +57,49 @@ from services.evals.data import (
     query_registry,
 )
 from services.evals.stats import bootstrap_mean_ci, percentile, wilson
+from services.router.stage_training import calibrate_arg_evidence
+from services.router.training import GateHyperParams, default_gate_dir, train_gate
 
 log = logging.getLogger("nexus.evals.routing")
+
+
+def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperParams, models_root: str,
+                 progress: bool = True, label: str = "", extra: Sequence[QueryLine] = (),
+                 calibration: Sequence[QueryLine] = (), slots: str = "") -> Path:
+    """The gate model of ``lines`` + ``extra`` under ``models_root`` (trained once per data hash), calibrated on
+    its validation lines + ``calibration`` (a cached model is recalibrated in place when that set changed);
+    ``slots``: a slot reader to calibrate the argument-evidence stage for (``calibrate_arg_evidence``)."""
+    out = default_gate_dir(lines, registry.tools, hp, root=models_root, equivalents=equivalents, extra=extra)
+    if label:
+        log.info("gate model for %s: %s", label, out)
+    train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress, extra=extra,
+               calibration=calibration)
+    if slots:
+        calibrate_arg_evidence(out, lines, registry, calibration, slots, progress=progress)
+    return out
+
+
+def fold_models(lines: Sequence[QueryLine], folds: Sequence[int], k: int, registry: Registry,
+                hp: GateHyperParams, models_root: str, progress: bool = True,
+                extra: Sequence[QueryLine] = (), calibration: Sequence[QueryLine] = (), slots: str = "") -> list[Path]:
+    out = []
+    for f in range(k):
+        train = [ln for ln, g in zip(lines, folds, strict=True) if g != f]
+        out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}", extra=extra,
+                                calibration=calibration, slots=slots))
+    return out
+
+
+def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, hp: GateHyperParams,
+                  models_root: str, progress: bool = True, extra: Sequence[QueryLine] = (),
+                  calibration: Sequence[QueryLine] = (), slots: str = "") -> Path:
+    """Trained and calibrated without any line of ``server`` (its augment and calibration lines included): tools
+    the router never saw."""
+    train = [ln for ln in lines if registry.server_of.get(ln.tool) != server]
+    extra = [ln for ln in extra if registry.server_of.get(ln.tool) != server]
+    calibration = [ln for ln in calibration if registry.server_of.get(ln.tool) != server]
+    return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}",
+                        extra=extra, calibration=calibration, slots=slots)
 
 
 def _size_n(size: str, registry: Registry) -> int:
@@ -91,7 +133,7 @@ class Protocol:
     def extra_lines(self, path: str | Path) -> list[QueryLine]:
         """The lines of ``path`` (augment or calibration lines: a JSONL file or a directory of them, '' = none)
         whose tool is in the registry."""
-        from services.evals.routing_models import load_augment
+        from services.evals.data import load_augment
 
         known = set(self.registry.names)
         return [ln for ln in load_augment(path) if ln.tool in known]
@@ -178,7 +220,6 @@ def checked_folds(ap, a) -> tuple[list[int], list[str]]:
 def fold_model_dirs(a, proto: Protocol, folds: Sequence[int], given: Sequence[str]) -> dict[int, str]:
     """``{fold: gate model}``: the ``--gates`` models, else the evaluation's fold models (trained once and cached
     under ``--models-root``, on the augment and calibration lines as ``nexus eval routing`` trains them)."""
-    from services.evals.routing_models import fold_models
     from services.router.training import GateHyperParams
 
     if given:
@@ -620,7 +661,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              augment: str = "", calibration: str = "", draws: int = 1, slots: str = "",
              precision: str | None = None, late_reader: bool = False,
              generalization_from: str = "") -> dict[str, Any]:
-    from services.evals.routing_models import prepare_training_env
+    from services.evals.data import prepare_training_env
     from services.router.config import RouterConfig
 
     precision = precision or RouterConfig.query_encoder_precision  # the product's graph unless asked otherwise
@@ -630,7 +671,6 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.routing_models import fold_models, holdout_model
     from services.router.training import GateHyperParams
 
     t_start = time.time()

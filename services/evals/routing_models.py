@@ -7,198 +7,27 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from services.evals.data import QueryLine, Registry, equivalents, load_queries
-from services.router.argevidence import CLIP
-from services.router.training import GateHyperParams, default_gate_dir, train_gate
+from services.evals.data import (  # noqa: F401 - re-exported
+    QueryLine,
+    Registry,
+    equivalents,
+    jsonl_files,
+    load_augment,
+    load_queries,
+    prepare_training_env,
+)
+from services.evals.routing import fold_models, holdout_model, train_cached  # noqa: F401 - re-exported
+from services.router.stage_training import GateScorer, calibrate_arg_evidence, load_scorer  # noqa: F401
+from services.router.training import GateHyperParams
 
 log = logging.getLogger("nexus.evals.routing")
-
-
-def prepare_training_env() -> None:
-    """Before torch starts: idle OpenMP workers must yield on shared cores (spinning made 2-thread
-    inference ~20x slower here while other jobs ran), and nothing may reach for a hub."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def jsonl_files(path: str | Path) -> list[Path]:
-    """The files of a JSONL file or a directory of them (sorted; '' = none)."""
-    if not path:
-        return []
-    root = Path(path)
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise FileNotFoundError(f"augment data {root} does not exist")
-    return sorted(root.glob("*.jsonl"))
-
-
-def load_augment(path: str | Path) -> list[QueryLine]:
-    """Fit-only training lines (``data/routing_augment/*.jsonl``: requests written from the tool schemas
-    alone, never from the evaluation's query file). '' means none."""
-    return [ln for f in jsonl_files(path) for ln in load_queries(f)]
-
-
-def train_cached(lines: Sequence[QueryLine], registry: Registry, hp: GateHyperParams, models_root: str,
-                 progress: bool = True, label: str = "", extra: Sequence[QueryLine] = (),
-                 calibration: Sequence[QueryLine] = (), slots: str = "") -> Path:
-    """The gate model of ``lines`` + ``extra`` under ``models_root`` (trained once per data hash), calibrated on
-    its validation lines + ``calibration`` (a cached model is recalibrated in place when that set changed);
-    ``slots``: a slot reader to calibrate the argument-evidence stage for (``calibrate_arg_evidence``)."""
-    out = default_gate_dir(lines, registry.tools, hp, root=models_root, equivalents=equivalents, extra=extra)
-    if label:
-        log.info("gate model for %s: %s", label, out)
-    train_gate(lines, registry.tools, out, hp, equivalents=equivalents, progress=progress, extra=extra,
-               calibration=calibration)
-    if slots:
-        calibrate_arg_evidence(out, lines, registry, calibration, slots, progress=progress)
-    return out
-
-
-def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], registry: Registry,
-                           calibration: Sequence[QueryLine], slots: str, progress: bool = False,
-                           force: bool = False, reader: Any = None, write: bool = True,
-                           clip: float = CLIP, enum_words: bool = False) -> dict[str, Any]:
-    """Choose the gate model's argument-evidence stage (``services.router.argevidence.calibrate``) for the slot
-    reader at ``slots`` (or ``reader``, any object with the slot reader's interface) on the model's validation lines
-    (ids in gate.json, drawn from its training ``lines``) + ``calibration``, ranked by a real router over the whole
-    ``registry``; stored in gate.json unless not ``write`` (a bench asking what a reader would gain). Kept as it is
-    when gate.json already holds a choice for this reader and SLB calibration, unless ``force``. ``clip``: the
-    features' (``argevidence.candidate_feature``); ``enum_words``: ``argevidence.read``'s."""
-    import tempfile
-
-    from services.common.embedder import Embedder
-    from services.common.store import LocalStore
-    from services.engine.slots import SlotModel
-    from services.evals.routing import _open_router
-    from services.router import argevidence
-    from services.router.training import make_examples
-
-    if reader is None:
-        if not SlotModel.exists(slots):
-            raise FileNotFoundError(f"no slot reader at {slots}: train one with `nexus train-slots` (make models)")
-        reader = SlotModel(slots, threads=1)
-    meta = json.loads((Path(gate_dir) / "gate.json").read_text())
-    if not force and argevidence.is_current(meta, reader):
-        log.info("gate model %s: argument evidence is current (%s)", gate_dir, meta["arg_evidence"]["feature"])
-        return meta["arg_evidence"]
-    known, max_turns = set(registry.names), int(meta.get("max_turns", 4))
-    examples = {e.id: e for e in make_examples(lines, known, equivalents, max_turns)}
-    missing = [i for i in meta.get("val_ids", []) if i not in examples]
-    if missing:
-        raise ValueError(f"{len(missing)} validation ids of {gate_dir} are not among the given lines (e.g. "
-                         f"{missing[0]}): pass the lines the model was trained on")
-    choose = [examples[i] for i in meta.get("val_ids", [])] + make_examples(calibration, known, equivalents, max_turns)
-    by_name = {t.name: t for t in registry.tools}
-    with tempfile.TemporaryDirectory(prefix="nexus-arg-evidence-") as tmp:
-        store = LocalStore(tmp)
-        store.registry_put(list(registry.tools))
-        router = _open_router(store, Embedder(""), gate_dir, slots="")  # the SLB as the router ranks, no 2nd stage
-
-        def decide(text: str, n: int) -> list[tuple[str, float]]:
-            return router.decide(text, n).slb_candidates[:n]
-
-        section = argevidence.calibrate(decide, choose, by_name.get, reader, meta, progress=progress,
-                                        clip=clip, enum_words=enum_words)
-    if not write:
-        return section
-    argevidence.write(gate_dir, section)
-    log.info("gate model %s: argument evidence %s (alpha %s, tau %.4f): choosing top-1 %.3f -> %.3f, escalating "
-             "%.1f %%; cross-fit (each half at the other's choice) %.3f -> %.3f", gate_dir, section["feature"],
-             section["alpha"], section["tau"], section["choose_top1_slb"], section["choose_top1"],
-             100 * section["choose_escalation_rate"], section["crossfit"]["slb_top1"], section["crossfit"]["top1"])
-    return section
-
-
-def fold_models(lines: Sequence[QueryLine], folds: Sequence[int], k: int, registry: Registry,
-                hp: GateHyperParams, models_root: str, progress: bool = True,
-                extra: Sequence[QueryLine] = (), calibration: Sequence[QueryLine] = (), slots: str = "") -> list[Path]:
-    out = []
-    for f in range(k):
-        train = [ln for ln, g in zip(lines, folds, strict=True) if g != f]
-        out.append(train_cached(train, registry, hp, models_root, progress, label=f"fold {f}", extra=extra,
-                                calibration=calibration, slots=slots))
-    return out
-
-
-def holdout_model(lines: Sequence[QueryLine], server: str, registry: Registry, hp: GateHyperParams,
-                  models_root: str, progress: bool = True, extra: Sequence[QueryLine] = (),
-                  calibration: Sequence[QueryLine] = (), slots: str = "") -> Path:
-    """Trained and calibrated without any line of ``server`` (its augment and calibration lines included): tools
-    the router never saw."""
-    train = [ln for ln in lines if registry.server_of.get(ln.tool) != server]
-    extra = [ln for ln in extra if registry.server_of.get(ln.tool) != server]
-    calibration = [ln for ln in calibration if registry.server_of.get(ln.tool) != server]
-    return train_cached(train, registry, replace(hp), models_root, progress, label=f"held-out server {server}",
-                        extra=extra, calibration=calibration, slots=slots)
-
-
-@dataclass
-class GateScorer:
-    """A gate model directory's SLB in float, as the benches score with it: its query encoder, its exemplar rows
-    and their vectors, and gate.json's calibrated exemplar weight, temperature, gap and tool bias (``load_scorer``)."""
-
-    dir: Path
-    meta: dict[str, Any]
-    qenc: Any
-    rows: list[dict[str, Any]]
-    ex_v: np.ndarray
-    tool_of_row: np.ndarray
-
-    @property
-    def w(self) -> float:
-        return float(self.meta["slb"]["exemplar_weight"])
-
-    @property
-    def temp(self) -> float:
-        return float(self.meta["slb"].get("exemplar_temperature", 0.0))
-
-    @property
-    def gap(self) -> float:
-        return float(self.meta["slb"].get("exemplar_gap", 0.0))
-
-    def bias(self, names: Sequence[str]) -> np.ndarray:
-        """The calibrated tool bias of each of ``names`` (0 for a tool without one)."""
-        tb = self.meta["slb"].get("tool_bias") or {}
-        return np.array([float(tb.get(n, 0.0)) for n in names], np.float32)
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from services.router.training import _encode_eval
-
-        return _encode_eval(self.qenc, list(texts))
-
-    def scores(self, texts: Sequence[str], keys: np.ndarray, leave_out: np.ndarray | None = None) -> np.ndarray:
-        """The SLB's float scores of ``texts`` over the tools of ``keys`` (no tool bias): ``float_tool_scores`` at
-        the model's calibrated exemplar weight, temperature and gap; ``leave_out``: each text's own exemplar row
-        (-1: none)."""
-        from services.router.training import float_tool_scores
-
-        return float_tool_scores(self.embed(texts), keys, self.ex_v, self.tool_of_row, self.w, self.temp, self.gap,
-                                 leave_out=leave_out)
-
-
-def load_scorer(gdir: Path, names: Sequence[str]) -> GateScorer:
-    """``GateScorer`` of the gate model at ``gdir`` over the registry ``names`` (the exemplar rows' tools by index)."""
-    from sentence_transformers import SentenceTransformer
-
-    pos = {n: i for i, n in enumerate(names)}
-    rows = [json.loads(x) for x in (gdir / "exemplars.jsonl").read_text().splitlines() if x.strip()]
-    return GateScorer(dir=gdir, meta=json.loads((gdir / "gate.json").read_text()),
-                      qenc=SentenceTransformer(str(gdir / "query_encoder"), device="cpu"), rows=rows,
-                      ex_v=np.load(gdir / "exemplars.npy").astype(np.float32),
-                      tool_of_row=np.array([pos[r["tool"]] for r in rows]))
 
 
 @dataclass

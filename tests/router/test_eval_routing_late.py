@@ -10,7 +10,7 @@ from tests.conftest import REPO, SHARED
 
 
 def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_changed(tmp_path, monkeypatch):
-    from services.evals import routing_models
+    from services.evals import routing
     from services.router import late_training
 
     gate, late = REPO / "var" / "models" / "gate", REPO / "var" / "models" / "late_reader"
@@ -26,7 +26,7 @@ def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_c
         asked.append({ln.id for ln in train})
         return late, {"feature": json.loads((late / "late_reader.json").read_text())["arg_evidence"]["feature"]}
 
-    monkeypatch.setattr(routing_models, "fold_models", fold_models)
+    monkeypatch.setattr(routing, "fold_models", fold_models)
     monkeypatch.setattr(late_training, "fold_late_reader", fold_late_reader)
     from services.evals.routing import evaluate
 
