@@ -16,9 +16,14 @@ def _parser():
 def test_eval_routing_arguments():
     a = _parser().parse_args(["eval", "routing", "--queries", "q.jsonl", "--tools", "d", "--sizes", "10,all",
                               "--json", "o.json", "--seed", "2", "--ce-epochs", "2"])
-    assert (a.queries, a.tools, a.sizes, a.out, a.seed, a.folds) == ("q.jsonl", "d", "10,all", "o.json", 2, 3)
+    # --folds unset: 3 per tool line (seen), 4 by server (unseen), chosen when the command runs
+    assert (a.queries, a.tools, a.sizes, a.out, a.seed, a.folds) == ("q.jsonl", "d", "10,all", "o.json", 2, None)
+    assert a.protocol == "seen" and a.gate_arm
     hp = _hp_from_args(a)
     assert hp.seed == 2 and hp.ce_epochs == 2 and hp.q_epochs == 3 and callable(a.fn)
+    u = _parser().parse_args(["eval", "routing", "--protocol", "unseen", "--queries", "q", "--tools", "d", "--json",
+                              "o.json", "--no-gate-arm", "--derived", ""])
+    assert u.protocol == "unseen" and not u.gate_arm and u.derived == ""
 
 
 def test_train_gate_defaults_to_the_router_config_path():
