@@ -170,7 +170,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                          compiler=f"127.0.0.1:{ports['compiler']}") as client:
             if args.tools:
                 n = register_dir(client, args.tools)
-                print(f"registered {n} tools from {args.tools}", file=sys.stderr)
+                print(f"registered {n} tools from {args.tools}; keys: {keys_summary(client)} (a pending tool routes "
+                      "on its text key until the compiler has derived its requests)", file=sys.stderr)
         print(f"\nNexus is up (store: {args.store}; logs: {log_dir}/). Try:\n{try_lines(ports)}\n"
               f"\nCtrl-C stops the cluster.", flush=True)
         if args.detach:
@@ -212,12 +213,35 @@ def client_security(args: argparse.Namespace) -> dict:
     return replace(sec, **{k: v for k, v in flags.items() if v}).client_kwargs()
 
 
+def keys_summary(client, wait_s: float = 0.0) -> str:
+    """What keys the registered tools in the router's SLB ("trained 338" / "derived 12, pending 38": see ListTools'
+    ``keys``); with ``wait_s`` > 0, waits up to that long for the pending ones, with a progress bar. Routing never
+    waits for them: a pending tool routes on its text key."""
+    from collections import Counter
+
+    def counts() -> Counter:
+        return Counter(t.keys for t in client.list_tools().tools)
+
+    c = counts()
+    if wait_s > 0 and c.get("pending"):
+        from tqdm import tqdm
+
+        total = c["pending"]
+        deadline = time.monotonic() + wait_s
+        with tqdm(total=total, desc="derived keys", unit="tool", file=sys.stderr) as bar:
+            while c.get("pending") and time.monotonic() < deadline:
+                time.sleep(2.0)
+                c = counts()
+                bar.update(total - c.get("pending", 0) - bar.n)
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items()))
+
+
 def cmd_register(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
 
     with NexusClient(router=args.router, **client_security(args)) as client:
         n = register_dir(client, args.tools)
-    print(f"registered {n} tools")
+        print(f"registered {n} tools; keys: {keys_summary(client, args.wait_keys)}")
     return 0
 
 
@@ -274,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("register", help="register a directory of MCP tool files")
     r.add_argument("--tools", default=_default_tools_dir())
     r.add_argument("--router", default="127.0.0.1:50051")
+    r.add_argument("--wait-keys", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS for the tools' derived keys, with a progress bar (routing never waits)")
     add_client_security_args(r)
     r.set_defaults(fn=cmd_register)
 
