@@ -342,7 +342,8 @@ def _gate_arms(hits, registry: Registry, lines: Sequence[QueryLine], folds: Mapp
             meta.append({"fold": f, "model": str(gdir), "n_tools": m["n_tools"], "n_fit": m["n_fit"],
                          "train_seconds": m["train_seconds"],
                          "slb": {x: (m.get("slb") or {}).get(x) for x in ("exemplar_weight", "exemplar_temperature",
-                                                                          "exemplar_gap", "tool_bias_mu")}})
+                                                                          "exemplar_gap", "tool_bias_mu", "alt_keys",
+                                                                          "lexical_weight")}})
     return meta
 
 
