@@ -15,6 +15,10 @@ Arms (all on the router's INT8 SLB scoring, ``services.router.slb.SemanticIndex`
   are chosen, per fold, on the *other* folds' lines at N = 250 (else the largest size);
 * ``template``: the same with the template requests of services/router/synth.py instead (no LLM): does the LLM earn
   its place over a rule?
+* ``lexical``, ``alt_key``, ``alt_key+lexical``: the BM25 addend (weight chosen on the other folds) and the router's
+  alternate key (services/router/keys.py);
+* with ``--gate-arm`` (the default), ``gate``, ``gate+lexical`` and ``gate+derived``: each fold's gate model trained
+  as production from nothing of its servers, routing through the real router (``_gate_arms``).
 
 Each arm reports pooled top-1 / top-3 with bootstrap CIs over lines at every size, per server too, and paired
 fixed / broken line-draws against ``dense`` with a sign test.
@@ -247,7 +251,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
     gate_meta: list[dict[str, Any]] = []
     if gate:
         gate_meta = _gate_arms(hits, registry, lines, folds, regs, size_list, seed, augment, calibration,
-                               models_root, derived, progress, hp)
+                               models_root, derived, progress, hp, choose_size)
     by_id = {ln.id: ln for ln in lines}
     report: dict[str, Any] = {
         "protocol": {"name": "unseen", "k": k, "seed": seed, "draws": draws, "sizes": size_list,
@@ -289,13 +293,20 @@ def fold_gate(f: int, registry: Registry, lines: Sequence[QueryLine], folds: Map
                         label=f"unseen fold {f} (without {', '.join(sorted(held))})", extra=extra, calibration=calib)
 
 
+LEXICAL_GATE_GRID = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
+
+
 def _gate_arms(hits, registry: Registry, lines: Sequence[QueryLine], folds: Mapping[str, int], regs,
                size_list: Sequence[str], seed: int, augment: str, calibration: str, models_root: str, derived: str,
-               progress: bool, hp: Any = None) -> list[dict[str, Any]]:
-    """The ``gate`` arm (each fold's lines routed by the real router with that fold's gate model, no second
-    stage: the production SLB, fine-tuned query encoder, trained tools' exemplar keys and biases) and, with
-    ``derived``, ``gate+derived`` (the same router reading every untrained tool's derived requests from the
-    store, as in production)."""
+               progress: bool, hp: Any = None, choose_size: str = "250") -> list[dict[str, Any]]:
+    """The arms of each fold's gate model (``fold_gate``), through the real router without a second stage:
+
+    * ``gate``: the production SLB (fine-tuned query encoder, the trained tools' exemplar keys and biases, the
+      model's own lexical weight);
+    * ``gate+lexical``: the same with the BM25 weight ``RouterConfig.lexical_weight`` chosen for fold f on the
+      other folds, each routed by its own model (nested: no line of f, and no line a choosing model trained on);
+    * with ``derived``, ``gate+derived``: the router reading every untrained tool's derived requests from the
+      store, as in production."""
     import asyncio
     import tempfile
 
@@ -310,12 +321,13 @@ def _gate_arms(hits, registry: Registry, lines: Sequence[QueryLine], folds: Mapp
         from services.compiler.derive import derived_key, encode_derived, read_requests_file
 
         header, reqs = read_requests_file(derived)
-    arms = ["gate"] + (["gate+derived"] if derived else [])
-    for a in arms:
-        hits[a] = {s: {} for s in size_list}
+    k = max(folds.values()) + 1
     all_regs = {(s, d): r[s] for d, r in enumerate(regs) for s in size_list}
     fold_of_line = [folds[ln.server] for ln in lines]
+    idxs = {f: [i for i, g in enumerate(fold_of_line) if g == f] for f in range(k)}
     embedder = Embedder("")
+    gdirs = [fold_gate(f, registry, lines, folds, seed, augment, calibration, models_root, progress, hp)
+             for f in range(k)]
     meta = []
     with tempfile.TemporaryDirectory(prefix="nexus-unseen-store-") as tmp:
         store = LocalStore(tmp)
@@ -324,23 +336,43 @@ def _gate_arms(hits, registry: Registry, lines: Sequence[QueryLine], folds: Mapp
             for t in registry.tools:
                 store.put(derived_key(t, header["fingerprint"]), encode_derived(t, reqs.get(t.schema_hash, []),
                                                                                 header))
-        k = max(folds.values()) + 1
+
+        def router(f: int, derived_keys: bool = False, lexical_weight: float = -1.0) -> Router:
+            cfg = RouterConfig(store_url=tmp, gate_model_dir=str(gdirs[f]), torch_threads=1, arg_evidence=False,
+                               derived_keys=derived_keys, derived_fingerprint=header.get("fingerprint", ""),
+                               lexical_weight=lexical_weight)
+            r = Router(cfg, store, embedder)
+            asyncio.run(r.sync(force=True))
+            if r.gate is None:
+                raise RuntimeError(f"gate model {gdirs[f]} did not load")
+            return r
+
+        def route(arm: str, r: Router, f: int) -> None:
+            for (s, d), recs in route_lines(r, lines, all_regs, idxs[f]).items():
+                for rec in recs:
+                    hits.setdefault(arm, {x: {} for x in size_list})[s][f"{rec['id']}#{d}"] = (rec["correct"],
+                                                                                             rec["slb_top3"])
+
+        # each fold model's top-1 on its own (unseen) lines at every lexical weight, at the choosing size
+        choose_regs = {(choose_size, 0): regs[0][choose_size]}
+        by_weight: dict[int, dict[float, float]] = {}
         for f in range(k):
-            gdir = fold_gate(f, registry, lines, folds, seed, augment, calibration, models_root, progress, hp)
-            idxs = [i for i, g in enumerate(fold_of_line) if g == f]
-            for arm in arms:
-                cfg = RouterConfig(store_url=tmp, gate_model_dir=str(gdir), torch_threads=1, arg_evidence=False,
-                                   derived_keys=arm == "gate+derived", derived_fingerprint=header.get("fingerprint", ""))
-                router = Router(cfg, store, embedder)
-                asyncio.run(router.sync(force=True))
-                if router.gate is None:
-                    raise RuntimeError(f"gate model {gdir} did not load")
-                for (s, d), recs in route_lines(router, lines, all_regs, idxs).items():
-                    for r in recs:
-                        hits[arm][s][f"{r['id']}#{d}"] = (r["correct"], r["slb_top3"])
-            m = router.gate.info.meta
-            meta.append({"fold": f, "model": str(gdir), "n_tools": m["n_tools"], "n_fit": m["n_fit"],
-                         "train_seconds": m["train_seconds"],
+            by_weight[f] = {}
+            for lw in LEXICAL_GATE_GRID:
+                recs = route_lines(router(f, lexical_weight=lw), lines, choose_regs, idxs[f])[(choose_size, 0)]
+                by_weight[f][lw] = float(np.mean([r["correct"] for r in recs]))
+        for f in range(k):
+            r = router(f)
+            route("gate", r, f)
+            m = r.gate.info.meta
+            others = [g for g in range(k) if g != f]
+            lw = max(LEXICAL_GATE_GRID, key=lambda x: (np.mean([by_weight[g][x] for g in others]), -x))
+            route("gate+lexical", router(f, lexical_weight=lw), f)
+            if derived:
+                route("gate+derived", router(f, derived_keys=True), f)
+            meta.append({"fold": f, "model": str(gdirs[f]), "n_tools": m["n_tools"], "n_fit": m["n_fit"],
+                         "train_seconds": m["train_seconds"], "lexical_weight_chosen": lw,
+                         "own_top1_by_lexical_weight": {str(x): v for x, v in by_weight[f].items()},
                          "slb": {x: (m.get("slb") or {}).get(x) for x in ("exemplar_weight", "exemplar_temperature",
                                                                           "exemplar_gap", "tool_bias_mu", "alt_keys",
                                                                           "lexical_weight")}})

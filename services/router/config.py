@@ -60,6 +60,10 @@ class RouterConfig(TransportSecurity):
     # default generator, the pinned GGUF of models/gguf.json). Without a gate model they are pooled with
     # derived_weight / derived_temperature (chosen on the unseen-tools protocol, reports/routing_unseen.json); with one,
     # as its exemplar keys are.
+    # Weight of the BM25 score of the request over each tool's name, parameters and first sentence
+    # (services/router/keys.py) added to the SLB score: negative = the gate model's calibrated slb.lexical_weight
+    # (0 without a gate model).
+    lexical_weight: float = -1.0
     derived_keys: bool = True
     derived_fingerprint: str = ""
     derived_weight: float = 1.0

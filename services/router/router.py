@@ -89,6 +89,9 @@ class Router:
                       self.gate.info.path)
             self.gate = None
         self.exemplar_weight = self._exemplar_weight()
+        # the BM25 addend's weight (services/router/keys.py): configured, else the gate model's calibrated one
+        self.lexical_weight = (config.lexical_weight if config.lexical_weight >= 0
+                               else self.gate.info.lexical_weight if self.gate is not None else 0.0)
         self.derived_fingerprint = ""
         if config.derived_keys:
             from services.compiler.derive import default_fingerprint
@@ -251,7 +254,7 @@ class Router:
         # Build the new index and views first, then swap: routing keeps using the old ones meanwhile.
         if self.gate is not None and self.gate.info.alt_keys:
             self.index.set_alt_keys(self._alt_keys(tools))
-        if self.gate is not None and self.gate.info.lexical_weight > 0:
+        if self.lexical_weight > 0:
             order = sorted(tools)
             self._lexical = (order, LexicalIndex.of_tools([tools[n] for n in order]))
         self._warm_reader(tools)
@@ -415,11 +418,11 @@ class Router:
     def _lexical_bonus(self, text: str) -> np.ndarray | None:
         """The weighted lexical score of every indexed tool (index order), or None when not in use."""
         lexical = self._lexical
-        if self.gate is None or self.gate.info.lexical_weight <= 0 or lexical is None:
+        if self.lexical_weight <= 0 or lexical is None:
             return None
         if lexical[0] != self.index.names():  # registry swapped meanwhile: the next request gets it
             return None
-        return np.float32(self.gate.info.lexical_weight) * lexical[1].scores(query_part(text))
+        return np.float32(self.lexical_weight) * lexical[1].scores(query_part(text))
 
     def decide(self, text: str, k: int, *, allowed: np.ndarray | None = None, t0: float | None = None,
                version: int | None = None) -> RouteDecision:

@@ -128,7 +128,7 @@ def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requ
     out = tmp_path / "unseen.json"
     rep = unseen.evaluate(str(queries), str(tools), str(out), sizes="5,all", k=2, draws=1, derived=str(derived),
                           gate=True, models_root=str(tmp_path / "models"), hp=hp, progress=False)
-    assert {"gate", "gate+derived", "derived"} <= set(rep["arms"])
+    assert {"gate", "gate+lexical", "gate+derived", "derived"} <= set(rep["arms"])
     n = sum(1 for x in queries.read_text().splitlines() if x.strip())
     assert rep["arms"]["gate"]["all"]["n_line_draws"] == n == rep["arms"]["gate+derived"]["all"]["n_line_draws"]
     folds = rep["protocol"]["folds"]
@@ -137,3 +137,6 @@ def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requ
         model = json.loads((Path(meta["model"]) / "gate.json").read_text())
         assert not {reg.server_of[t] for t in model["tool_schemas"]} & held
         assert meta["n_tools"] == sum(1 for t in reg.tools if reg.server_of[t.name] not in held)
+        # the fold's lexical weight is the best of the *other* fold's own-line figures
+        other = next(m for m in rep["gate_folds"] if m["fold"] != meta["fold"])["own_top1_by_lexical_weight"]
+        assert other[str(meta["lexical_weight_chosen"])] == max(other.values())

@@ -65,3 +65,18 @@ def test_an_unreadable_derived_artifact_leaves_the_tool_on_its_text_key(embedder
     store.put(derived_key(A, FP), b'{"requests": "not a list"}')
     r = _router(store, embedder)
     assert r.view.tools["box_open"].keys == "text" and r.route("open it").tool == "box_open"
+
+
+def test_a_configured_lexical_weight_adds_the_bm25_score_without_a_gate_model(embedder, tmp_path):
+    from services.router.keys import LexicalIndex
+
+    store = LocalStore(tmp_path / "store")
+    store.registry_put([A, B])
+    plain = dict(_router(store, embedder, derived_keys=False).route("close the box", top_k=2).candidates)
+    lex = _router(store, embedder, derived_keys=False, lexical_weight=0.5)
+    got = dict(lex.route("close the box", top_k=2).candidates)
+    bm25 = dict(zip(sorted(["box_open", "box_close"]),
+                    LexicalIndex.of_tools(sorted([A, B], key=lambda t: t.name)).scores("close the box"), strict=True))
+    for n in plain:
+        assert got[n] == pytest.approx(plain[n] + 0.5 * bm25[n], abs=1e-4)
+    assert bm25["box_close"] == 1.0 and got["box_close"] > plain["box_close"]
