@@ -239,9 +239,9 @@ class RequestGenerator:
         if not self.model:
             raise FailedPrecondition(f"llama.cpp could not load {self.model_path}")
         cp = llama_cpp.llama_context_default_params()
-        cp.n_ctx = self.parallel * n_ctx_per_seq
+        cp.n_ctx = (self.parallel + 1) * n_ctx_per_seq
         cp.n_batch = cp.n_ubatch = 512
-        cp.n_seq_max = self.parallel
+        cp.n_seq_max = self.parallel + 1  # + the shared prefix's sequence
         cp.kv_unified = True
         cp.n_threads = cp.n_threads_batch = threads
         self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
@@ -258,6 +258,8 @@ class RequestGenerator:
             raise FailedPrecondition(f"{self.model_path} has no chat template: the generator needs an instruct model")
         self._format = Jinja2ChatFormatter(template.decode("utf-8"), eos_token=self._piece(
             llama_cpp.llama_vocab_eos(self.vocab)), bos_token=self._piece(llama_cpp.llama_vocab_bos(self.vocab)))
+        # the prompts' shared prefix (instruction + worked example), decoded once into sequence ``parallel``
+        self._prefix: list[int] = []
         self._closed = False
 
     def close(self) -> None:
@@ -312,6 +314,24 @@ class RequestGenerator:
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed ({rc})")
 
+    def _shared_prefix(self, prompts: list[list[int]]) -> int:
+        """The length of the cached prefix every prompt starts with, decoding a new one (the prompts' longest
+        common prefix, one token short of the shortest) when the cached one is not theirs."""
+        n = len(self._prefix)
+        if n and all(len(p) > n and p[:n] == self._prefix for p in prompts):
+            return n
+        # the common prefix of these prompts and of two unlike tools' (so it ends where any tool's text begins, and
+        # the next pass reuses it)
+        unlike = [self.prompt_tokens(Tool("a", "a", {})), self.prompt_tokens(Tool("zz_q", "Zz.", {}))]
+        common = min(len(p) for p in prompts) - 1
+        for p in [*prompts[1:], *unlike]:
+            common = next((j for j in range(common) if p[j] != prompts[0][j]), common)
+        self._ll.llama_memory_seq_rm(self.mem, self.parallel, -1, -1)
+        self._prefix = list(prompts[0][:common])
+        if common:
+            self._decode([(t, j, self.parallel, False) for j, t in enumerate(self._prefix)])
+        return common
+
     def _logits(self, i: int) -> np.ndarray:
         return np.ctypeslib.as_array(self._ll.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
 
@@ -328,21 +348,18 @@ class RequestGenerator:
 
     def _pass(self, tools: list[Tool]) -> list[list[str]]:
         st = self.settings
-        self._ll.llama_memory_clear(self.mem, True)
+        for i in range(self.parallel):
+            self._ll.llama_memory_seq_rm(self.mem, i, -1, -1)
         prompts = [self.prompt_tokens(t)[: self.n_ctx_per_seq - st.max_tokens] for t in tools]
         rngs = [np.random.default_rng([st.seed, int(t.schema_hash[:15], 16)]) for t in tools]
         replies: list[bytearray] = [bytearray() for _ in tools]
         pos = [len(p) for p in prompts]
-        # the prompts share the instruction and the worked example: that prefix is decoded once, in sequence 0, and
-        # copied into the others (a KV copy, no compute); then each prompt's own rest (its last position's logits
-        # copied before the next decode overwrites them)
-        common = min(len(p) for p in prompts) - 1
-        for p in prompts[1:]:
-            common = next((j for j in range(common) if p[j] != prompts[0][j]), common)
-        if common > 0:
-            self._decode([(t, j, 0, False) for j, t in enumerate(prompts[0][:common])])
-            for i in range(1, len(prompts)):
-                self._ll.llama_memory_seq_cp(self.mem, 0, i, 0, common)
+        # every prompt starts with the instruction and the worked example: that prefix is decoded once per generator
+        # (sequence ``parallel``) and copied into each tool's sequence (a KV copy, no compute); then each prompt's
+        # own rest (its last position's logits copied before the next decode overwrites them)
+        common = self._shared_prefix(prompts)
+        for i in range(len(prompts)):
+            self._ll.llama_memory_seq_cp(self.mem, self.parallel, i, 0, common)
         logits: list[np.ndarray | None] = []
         for i, p in enumerate(prompts):
             self._decode([(t, j, i, j == len(p) - 1) for j, t in enumerate(p) if j >= common])
