@@ -44,7 +44,8 @@ class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
         self.metrics.compiles.labels(str(res.cached).lower()).inc()
         if res.grammar_fallback and not res.cached:
             self.metrics.grammar_fallbacks.inc()
-        if self.derive is not None:  # queued, never waited for: the tool routes on its text key meanwhile
+        if self.derive is not None and request.derive_requests:  # queued, never waited for: the tool routes on its
+            # text key meanwhile
             await asyncio.to_thread(self.derive.submit, tool)
         return compiler_pb2.CompileResponse(
             tool=res.tool, schema_hash=res.schema_hash, signature=res.signature,

@@ -311,6 +311,11 @@ class Router:
         return {n: self._derived_vecs[t.schema_hash] for n, t in tools.items()
                 if len(self._derived_vecs.get(t.schema_hash, ())) > 0}
 
+    def wants_derived(self, tool: Tool) -> bool:
+        """Whether ``tool`` needs derived requests: derived keys are on and the gate model has no trained keys of
+        this schema (the compiler then derives them; a shipped tool costs the generator nothing)."""
+        return bool(self.derived_fingerprint) and tool.schema_hash not in self._exemplars_by_schema
+
     def _derived_arrived(self) -> bool:
         return any(self.store.exists(k) for k in list(self._pending_derived.values()))
 
