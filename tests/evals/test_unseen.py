@@ -104,7 +104,7 @@ def test_nexus_eval_routing_protocol_unseen_writes_a_report_and_plot(tmp_path):
 
 
 @pytest.mark.integration
-def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requests(tmp_path):
+def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requests(tmp_path, monkeypatch):
     """Two folds of four small servers, a tiny gate recipe: each fold model's registry holds none of its fold's
     tools, its lines none of their lines; ``gate+derived`` reads derived requests from the store (a file written
     here, one request per tool: the mechanics, not the generator)."""
@@ -126,6 +126,7 @@ def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requ
     hp = GateHyperParams(seed=3, q_epochs=1, ce_epochs=1, q_batch=16, ce_batch_groups=16, val_fraction=0.25,
                          threads=1, ce_top_k=3)
     out = tmp_path / "unseen.json"
+    monkeypatch.setattr(unseen, "LEXICAL_GATE_GRID", (0.0, 0.5))  # two weights: the mechanics
     rep = unseen.evaluate(str(queries), str(tools), str(out), sizes="5,all", k=2, draws=1, derived=str(derived),
                           gate=True, models_root=str(tmp_path / "models"), hp=hp, progress=False)
     assert {"gate", "gate+lexical", "gate+derived", "derived"} <= set(rep["arms"])
