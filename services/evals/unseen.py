@@ -260,7 +260,8 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
                                     for g in range(k)},
                      "lines": len(lines), "queries": queries, "tools": tools, "choose_size": choose_size,
                      "weights": list(weights), "temperatures": list(temperatures),
-                     "embedder": "all-MiniLM-L6-v2 (base), INT8 SLB"},
+                     "embedder": "all-MiniLM-L6-v2 (base), INT8 SLB", "gate_arms": gate,
+                     "derived": bool(derived)},
         "arms": {a: {s: summarize_arm(hits[a][s], by_id) for s in size_list} for a in hits},
         "paired_vs_dense": {a: {s: paired(hits[a][s], hits["dense"][s]) for s in size_list} for a in hits
                             if a != "dense"},
