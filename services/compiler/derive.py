@@ -248,6 +248,7 @@ class RequestGenerator:
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             raise FailedPrecondition("llama_init_from_model failed")
+        self._closed = False
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
@@ -260,7 +261,6 @@ class RequestGenerator:
             llama_cpp.llama_vocab_eos(self.vocab)), bos_token=self._piece(llama_cpp.llama_vocab_bos(self.vocab)))
         # the prompts' shared prefix (instruction + worked example), decoded once into sequence ``parallel``
         self._prefix: list[int] = []
-        self._closed = False
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
