@@ -213,7 +213,8 @@ def test_cached_model_without_export_gets_one(tmp_path, monkeypatch):
     lines = [ln for ln in load_queries(QUERIES) if ln.server == "time"]
     out = _gate_dir(tmp_path / "gate", onnx=False)
     doc = json.loads((out / "gate.json").read_text())
-    doc.update(data_hash="cached", slb={"version": training.SLB_CALIBRATION_VERSION})
+    doc.update(data_hash="cached", slb={"version": training.SLB_CALIBRATION_VERSION},
+               tool_schemas=training.tool_schemas(tools))
     (out / "gate.json").write_text(json.dumps(doc))
     monkeypatch.setattr(training, "data_hash", lambda *a, **k: "cached")  # the model matches: no training
     assert training.train_gate(lines, tools, out, equivalents=equivalents, progress=False) == doc
