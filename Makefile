@@ -85,7 +85,7 @@ AUGMENT := $(wildcard data/routing_augment/*.jsonl)
 CALIBRATION := $(wildcard data/routing_calibration/*.jsonl)
 # The gate's argument-evidence stage reads the late reader by default (below). `nexus train-gate ... --slots
 # var/models/slots` also calibrates it for the slot reader (~3 min; NEXUS_ROUTER_LATE_READER_DIR='' serves with that).
-var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) $(CALIBRATION) services/router/training.py
+var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) $(CALIBRATION) services/training/gate.py
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
 		--calibration data/routing_calibration --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
@@ -94,7 +94,7 @@ var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGME
 
 # The engine's slot reader (which span of the request states which parameter): trained on the augment lines,
 # threshold on the query file's tune split, never on the held-out lines `nexus eval args` reports (~20-30 min).
-var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/engine/slot_training.py services/engine/slots.py
+var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/training/slots.py services/engine/slots.py
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-slots --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
 		--out $(MODEL_CACHE)/slots $(if $(CI),--quiet,)
@@ -104,7 +104,7 @@ var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/
 # The argument-evidence stage's late reader (services/router/late_reader.py), on by default in the router: a head over
 # the gate model's own query-encoder states, trained on the augment lines (LATE_EPOCHS) and on the stage's decisions
 # (LATE_ROUTE_EPOCHS), then the stage calibrated for it on the gate model's choosing lines (`nexus train-late-reader`,
-# services/router/late_training.py; ~20 min on 2 cores the first time; heads cached in
+# services/training/late_reader.py; ~20 min on 2 cores the first time; heads cached in
 # $(MODEL_CACHE)/late-reader-heads). Kept while its export key (settings, gate.json, data, code) matches; written
 # beside the old one and swapped in. NEXUS_ROUTER_ARG_EVIDENCE=false routes without it.
 # 8 + 2 epochs: 3 + 1 (~9 min) gained 0.3 points on the choosing lines, under MIN_GAIN, so the stage stayed off
@@ -113,7 +113,7 @@ LATE_EPOCHS ?= 8
 LATE_ROUTE_EPOCHS ?= 2
 # (Makefile: a change of LATE_EPOCHS reaches the export key; anything else there keeps the reader in ~10 s)
 var/models/late_reader/late_reader.json: var/models/gate/gate.json $(QUERIES) $(AUGMENT) $(CALIBRATION) Makefile \
-		services/router/late_training.py services/router/late_reader.py services/router/argevidence.py
+		services/training/late_reader.py services/router/late_reader.py services/router/argevidence.py
 	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-late-reader --epochs $(LATE_EPOCHS) --route-epochs $(LATE_ROUTE_EPOCHS) \
 		--gate var/models/gate --tools $(TOOLS) --queries $(QUERIES) --augment data/routing_augment \
@@ -212,8 +212,9 @@ engine-install: setup  ## install nexus-engine.service for this checkout (root; 
 compose-config:  ## validate deploy/docker-compose.yml (no Docker engine needed)
 	REDIS_PASSWORD=$${REDIS_PASSWORD:-check} docker-compose -f deploy/docker-compose.yml config -q
 
-lint:  ## ruff
+lint:  ## ruff + the import contracts (pyproject.toml [tool.importlinter]); CI runs it
 	$(VENV)/bin/ruff check services tests nexus_client examples deploy native/src bench data scripts
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:  ## remove build outputs (keeps the venv; `make distclean` removes it too)
 	rm -rf nexus build dist native/build *.egg-info .pytest_cache .ruff_cache var

@@ -22,8 +22,8 @@ from services.common.store import LocalStore  # noqa: E402
 from services.engine.config import EngineConfig  # noqa: E402
 from services.engine.engine import Engine, Result, Turn  # noqa: E402
 from services.evals.args import arg_hits, sample_lines, tune_split  # noqa: E402
-from services.evals.data import load_queries, load_registry  # noqa: E402
 from services.evals.stats import wilson  # noqa: E402
+from services.training.data import load_queries, load_registry  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

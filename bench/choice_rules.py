@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from services.engine.choices import enum_choices  # noqa: E402
 from services.engine.slots import SlotModel, slot_type  # noqa: E402
 from services.evals.args import tune_split  # noqa: E402
-from services.evals.data import load_queries, load_registry  # noqa: E402
 from services.evals.stats import wilson  # noqa: E402
+from services.training.data import load_queries, load_registry  # noqa: E402
 
 
 def choice_stats(lines, tools) -> dict:

@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import torch
 
-    from services.evals.data import load_queries
     from services.router.context import routing_text
     from services.router.gate import GateModel
+    from services.training.data import load_queries
 
     gate = GateModel(args.gate, threads=args.threads)
     if gate.onnx is None:

@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from services.common.embedder import tool_text  # noqa: E402
-from services.evals.data import assign_folds, equivalents, load_queries, load_registry  # noqa: E402
 from services.evals.routing import registries_for  # noqa: E402
 from services.router.context import routing_text  # noqa: E402
-from services.router.training import (  # noqa: E402
+from services.training.data import assign_folds, equivalents, load_queries, load_registry  # noqa: E402
+from services.training.gate import (  # noqa: E402
     GateHyperParams,
     _encode_eval,
     make_examples,
@@ -316,8 +316,8 @@ def exp_exemplars(a, hp, Q, R, regs, te, train):
 
 
 def synth_fn(per_tool: int, seed: int = 0):
-    from services.router.synth import synth_examples
-    from services.router.training import Example
+    from services.training.gate import Example
+    from services.training.synth import synth_examples
 
     def make(R):
         return [Example(f"synth-{i:05d}", text, tool, frozenset(equivalents(tool)) & set(R.names) | {tool})
@@ -333,7 +333,7 @@ def augment_fn(exclude_server: str = "", batches: tuple[str, ...] = ("a-",), fol
     the evaluation's train.jsonl), as extra fit examples: the batches whose ids start with ``batches``
     (``a-`` = session 3's 1,352 lines, ``b-`` = session 5's, ``c-`` = session 6's)."""
     from services.evals.routing_models import load_augment
-    from services.router.training import make_examples
+    from services.training.gate import make_examples
 
     def make(R):
         keep = [ln for ln in load_augment(folder) if ln.id.startswith(batches) and ln.server != exclude_server]

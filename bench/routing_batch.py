@@ -85,7 +85,6 @@ def main() -> int:
     prepare_training_env()
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import equivalents, load_queries
     from services.evals.routing import (
         _open_router,
         _size_n,
@@ -95,7 +94,8 @@ def main() -> int:
         write_report,
     )
     from services.evals.routing_models import train_cached
-    from services.router.training import GateHyperParams, _calibrate_existing, make_examples
+    from services.training.data import equivalents, load_queries
+    from services.training.gate import GateHyperParams, _calibrate_existing, make_examples
 
     t0 = time.time()
     proto = load_protocol(a.queries, a.tools, a.sizes)

@@ -66,7 +66,6 @@ def main() -> int:
     prepare_training_env()
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import equivalents
     from services.evals.routing import (
         _open_router,
         _size_n,
@@ -78,8 +77,9 @@ def main() -> int:
     )
     from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
-    from services.router import training
-    from services.router.training import GateHyperParams, _calibrate_existing, make_examples
+    from services.training import gate as training
+    from services.training.data import equivalents
+    from services.training.gate import GateHyperParams, _calibrate_existing, make_examples
 
     t0 = time.time()
     proto = load_protocol(a.queries, a.tools, a.sizes)

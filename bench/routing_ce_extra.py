@@ -39,10 +39,10 @@ def main() -> int:
     prepare_training_env()
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import assign_folds, load_queries, load_registry, parse_sizes
     from services.evals.routing import _open_router, _size_n, registries_for, route_lines, summarize
     from services.evals.routing_models import load_augment, train_cached
-    from services.router.training import GateHyperParams
+    from services.training.data import assign_folds, load_queries, load_registry, parse_sizes
+    from services.training.gate import GateHyperParams
 
     registry = load_registry(a.tools)
     lines = [ln for ln in load_queries(a.queries) if ln.tool in set(registry.names)]

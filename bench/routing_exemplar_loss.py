@@ -55,7 +55,7 @@ def train_encoder(fit, val, names, keys, hp, w: float, progress: bool = True):
     from sentence_transformers import SentenceTransformer
 
     from services.common.models import default_embedder_path
-    from services.router.training import (
+    from services.training.gate import (
         _encode_eval,
         _encode_train,
         _optimizer_step,
@@ -137,11 +137,11 @@ def main() -> int:
     from sentence_transformers import SentenceTransformer
 
     from services.common.models import default_embedder_path
-    from services.evals.data import equivalents
     from services.evals.routing import load_protocol, write_report
     from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
-    from services.router.training import (
+    from services.training.data import equivalents
+    from services.training.gate import (
         GateHyperParams,
         _encode_eval,
         exemplar_examples,

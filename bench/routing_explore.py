@@ -17,7 +17,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from services.common.embedder import Embedder  # noqa: E402
-from services.evals.data import assign_folds, equivalents, load_queries, load_registry, query_registry  # noqa: E402
+from services.training.data import assign_folds, equivalents, load_queries, load_registry, query_registry  # noqa: E402
 
 torch.set_num_threads(1)
 Q = load_queries(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/queries/train.jsonl")

@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from nexus.v1 import common_pb2, router_pb2, router_pb2_grpc
     from services.common.store import LocalStore
-    from services.evals.data import load_registry
     from services.evals.routing_models import load_augment
+    from services.training.data import load_registry
 
     registry = load_registry(args.tools)
     lines = load_augment(args.queries)

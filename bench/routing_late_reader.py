@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
 from services.router.late_reader import MAX_LEN, D, K, LateReader, export_states_graph  # noqa: E402
-from services.router.late_training import (  # noqa: E402
+from services.training.late_reader import (  # noqa: E402
     EPOCHS,
     ROUTE_EPOCHS,
     head_for,
@@ -153,9 +153,9 @@ def production_figures(a, gate: Path, prod: LateReader, rec: dict[str, Any], ear
     import torch
     from routing_stated_probe import escalations, stated_figures, time_reads
 
-    from services.engine.slot_training import predict
     from services.engine.slots import SlotModel
     from services.evals.routing_models import calibrate_arg_evidence, load_augment
+    from services.training.slots import predict
 
     slot = SlotModel(a.slots, threads=1)
     preds = predict(slot.model, slot.tokenizer, val, slot.max_len)
@@ -255,9 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from services.evals.args import tune_split
-    from services.evals.data import load_queries, load_registry
     from services.evals.routing import write_report
     from services.evals.routing_models import load_augment
+    from services.training.data import load_queries, load_registry
 
     t0 = time.time()
     torch.set_num_threads(2)

@@ -149,7 +149,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import is_correct
     from services.evals.routing import (
         _open_router,
         held_out_late_readers,
@@ -160,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stage_arm_figures,
         write_report,
     )
+    from services.training.data import is_correct
 
     t0 = time.time()
     proto, dirs = held_out_models(a, folds, given)

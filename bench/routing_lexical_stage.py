@@ -158,10 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(argv)
     prepare_training_env()
 
-    from services.evals.data import equivalents
     from services.evals.routing import pool_line_draws, pooled_top1, write_report
     from services.evals.routing_models import float_bench
-    from services.router.training import make_examples
+    from services.training.data import equivalents
+    from services.training.gate import make_examples
 
     t0 = time.time()
     fb = float_bench(a)

@@ -117,13 +117,13 @@ def main() -> int:
     from services.common.embedder import Embedder, tool_text
     from services.common.models import default_embedder_path
     from services.common.store import LocalStore
-    from services.evals.data import equivalents, is_correct, load_queries
     from services.evals.routing import _open_router, _size_n, load_protocol, write_report
     from services.evals.routing_models import train_cached
     from services.evals.stats import wilson
     from services.router.context import routing_text
     from services.router.gate import fuse
-    from services.router.training import (
+    from services.training.data import equivalents, is_correct, load_queries
+    from services.training.gate import (
         GateHyperParams,
         ListwiseCrossEncoder,
         _encode_eval,

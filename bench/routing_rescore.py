@@ -72,10 +72,10 @@ def main() -> int:
 
     prepare_training_env()
 
-    from services.evals.data import equivalents
     from services.evals.routing import pool_line_draws, pooled_top1, write_report
     from services.evals.routing_models import float_bench
-    from services.router.training import (
+    from services.training.data import equivalents
+    from services.training.gate import (
         fit_tool_bias,
         float_tool_scores,
     )

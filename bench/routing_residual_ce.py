@@ -115,11 +115,11 @@ def main() -> int:
     prepare_training_env()
     import torch
 
-    from services.evals.data import equivalents
     from services.evals.routing import pool_line_draws, write_report
     from services.evals.routing_models import float_bench, load_fold
     from services.router.gate import ce_tool_text
-    from services.router.training import (
+    from services.training.data import equivalents
+    from services.training.gate import (
         ListwiseCrossEncoder,
         _optimizer_step,
         _progress,

@@ -131,7 +131,7 @@ def train_span(model, tok, groups, epochs: int = 2, bs: int = 16, lr: float = 5e
                progress: bool = True) -> list[float]:
     from tqdm import tqdm
 
-    from services.engine.slot_training import adamw_schedule, optimizer_step
+    from services.training.slots import adamw_schedule, optimizer_step
 
     rng = random.Random(seed)
     groups = list(groups)
@@ -182,7 +182,7 @@ def distill(model, tok, teacher, groups, bs: int = 16, lr: float = 3e-5, seed: i
     import torch
     from tqdm import tqdm
 
-    from services.engine.slot_training import adamw_schedule, optimizer_step
+    from services.training.slots import adamw_schedule, optimizer_step
 
     rng = random.Random(seed)
     teacher, groups = list(teacher), list(groups)
@@ -377,12 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from services.common.models import resolve_embedder
-    from services.engine.slot_training import SlotHyperParams, make_examples, predict
     from services.engine.slots import SlotModel
     from services.evals.args import tune_split
-    from services.evals.data import load_queries, load_registry
     from services.evals.routing import write_report
     from services.evals.routing_models import load_augment
+    from services.training.data import load_queries, load_registry
+    from services.training.slots import SlotHyperParams, make_examples, predict
 
     t0 = time.time()
     torch.manual_seed(0)

@@ -5,9 +5,9 @@ import sys
 from services.evals.routing_models import prepare_training_env
 
 prepare_training_env()
-from services.evals.data import assign_folds, load_queries, load_registry  # noqa: E402
 from services.evals.routing_models import fold_models, holdout_model, train_cached  # noqa: E402
-from services.router.training import GateHyperParams  # noqa: E402
+from services.training.data import assign_folds, load_queries, load_registry  # noqa: E402
+from services.training.gate import GateHyperParams  # noqa: E402
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 queries, tools = sys.argv[1], sys.argv[2]

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.engine.copybias import NUMBER, _identifier_like  # noqa: E402
-from services.engine.slot_training import SlotHyperParams, make_examples  # noqa: E402
 from services.engine.slots import NUMBER_CANDIDATES, SlotModel, read_spans, slot_type  # noqa: E402
 from services.evals.args import tune_split  # noqa: E402
-from services.evals.data import load_queries, load_registry  # noqa: E402
+from services.training.data import load_queries, load_registry  # noqa: E402
+from services.training.slots import SlotHyperParams, make_examples  # noqa: E402
 
 
 def whole_identifier(context: str, a: int, b: int) -> tuple[int, int]:

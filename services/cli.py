@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_routing_eval_parser(esub)
     add_train_gate_parser(sub)
     add_train_late_reader_parser(sub)
-    from services.engine.slot_training import add_train_slots_parser
+    from services.training.slots import add_train_slots_parser
 
     add_train_slots_parser(sub)
     from services.compiler.derive import add_derive_parser

@@ -228,13 +228,13 @@ class RequestGenerator:
         self.fingerprint = generator_fingerprint(self.model_sha256, settings)
         self.parallel = max(1, int(parallel))
         self.n_ctx_per_seq = n_ctx_per_seq
-        from services.engine.splice import _silence_llama_logs
+        from services.runtime.splice import _silence_llama_logs
 
         self._ll = llama_cpp
         llama_cpp.llama_backend_init()
         _silence_llama_logs(llama_cpp)
         mp = llama_cpp.llama_model_default_params()
-        mp.use_extra_bufts = False  # AMX-advertising VMs: see services/engine/splice.py
+        mp.use_extra_bufts = False  # AMX-advertising VMs: see services/runtime/splice.py
         self.model = llama_cpp.llama_model_load_from_file(self.model_path.encode(), mp)
         if not self.model:
             raise FailedPrecondition(f"llama.cpp could not load {self.model_path}")

@@ -19,7 +19,7 @@ from services.common.errors import ResourceExhausted
 from services.common.store import artifact_key
 from services.common.tools import Tool
 from services.compiler.signature import IR_VERSION
-from services.engine.prompt import ChatTemplate, Turn, split_prompt
+from services.runtime.prompt import ChatTemplate, Turn, split_prompt
 
 KIND_KV_BLOCK = "atb"
 PRELUDE_SEQ = 2  # the compile context keeps the prelude decoded here
@@ -77,7 +77,7 @@ class BlockCompiler:
         from llama_cpp import Llama
 
         from services.common.models import file_fingerprint, resolve_gguf
-        from services.engine.splice import SpliceContext
+        from services.runtime.splice import SpliceContext
 
         self.model_path = str(resolve_gguf(model_path))
         self.model_fingerprint = file_fingerprint(self.model_path)

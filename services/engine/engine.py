@@ -42,9 +42,9 @@ from services.compiler.signature import param_order, signature
 from services.engine.choices import enum_choices
 from services.engine.config import EngineConfig
 from services.engine.copybias import CopyBias
-from services.engine.prompt import Turn, copy_source, prune_history
 from services.engine.sampling import GrammarSampler
-from services.engine.splice import LIVE_SEQ, kl_divergence, recompute_fraction
+from services.runtime.prompt import Turn, copy_source, prune_history
+from services.runtime.splice import LIVE_SEQ, kl_divergence, recompute_fraction
 
 log = logging.getLogger("nexus.engine")
 
@@ -182,7 +182,7 @@ class Engine:
         from llama_cpp import Llama
 
         from services.compiler.kvblock import kv_fingerprint, layout_for
-        from services.engine.splice import SpliceContext
+        from services.runtime.splice import SpliceContext
 
         self.config = config
         self.store = store

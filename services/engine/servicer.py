@@ -19,7 +19,7 @@ from services.engine.engine import (
     Result,
     Token,
 )
-from services.engine.prompt import Turn
+from services.runtime.prompt import Turn
 
 _PATH_TO_PB = {"text": engine_pb2.PREFILL_PATH_TEXT, PATH_SPLICE: engine_pb2.PREFILL_PATH_SPLICE}
 _PREFILL_FROM_PB = {engine_pb2.PREFILL_PATH_UNSPECIFIED: PREFILL_AUTO, engine_pb2.PREFILL_PATH_SPLICE: PREFILL_SPLICE,

@@ -29,9 +29,9 @@ from services.compiler.grammar import compile_grammar
 from services.compiler.signature import signature
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine, Result
-from services.engine.prompt import Turn, build_messages
-from services.evals.data import QueryLine, is_correct, load_queries, load_registry
 from services.evals.stats import bootstrap_median_ci, bootstrap_ratio_ci, median, percentile, wilson
+from services.runtime.prompt import Turn, build_messages
+from services.training.data import QueryLine, is_correct, load_queries, load_registry, tune_split
 
 log = logging.getLogger("nexus.eval.args")
 
@@ -126,16 +126,6 @@ class Row:
     routed_result: Result
     prefix_cached_prompt_tokens: int = 0
     engine: Result | None = None  # the production turn: warm prelude + spliced KV block (path A)
-
-
-def tune_split(lines: Sequence[QueryLine]) -> tuple[list[QueryLine], list[QueryLine]]:
-    """A fixed, disjoint split of the query lines: ``tune`` (every 4th line by id number) is where prompt,
-    IR and decoding choices were tuned; ``heldout`` (the other lines) is where the reported figures come from."""
-    def num(ln: QueryLine) -> int:
-        digits = re.sub(r"\D", "", ln.id)
-        return int(digits) if digits else hash(ln.id)
-    tune = [ln for ln in lines if num(ln) % 4 == 0]
-    return tune, [ln for ln in lines if num(ln) % 4 != 0]
 
 
 def sample_lines(lines: Sequence[QueryLine], limit: int, seed: int) -> list[QueryLine]:

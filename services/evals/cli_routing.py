@@ -22,7 +22,7 @@ from pathlib import Path
 def _hp_from_args(args: argparse.Namespace):
     from dataclasses import replace
 
-    from services.router.training import GateHyperParams
+    from services.training.gate import GateHyperParams
 
     kw = {"seed": args.seed}
     for name in ("q_epochs", "ce_epochs", "q_lr", "ce_lr", "ce_negatives", "ce_top_k", "threads"):
@@ -197,9 +197,9 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
         prepare_training_env()
         import logging
 
-        from services.evals.data import equivalents, load_queries, load_registry
         from services.evals.routing_models import calibrate_arg_evidence, load_augment
-        from services.router.training import train_gate
+        from services.training.data import equivalents, load_queries, load_registry
+        from services.training.gate import train_gate
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         lines = load_queries(args.queries)
@@ -230,9 +230,9 @@ def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
 
 def add_train_late_reader_parser(subparsers) -> argparse.ArgumentParser:
     """``train-late-reader`` at the top level: train (or keep the current) late reader of a gate model, the
-    argument-evidence stage's reader the router loads by default (services/router/late_training.py)."""
+    argument-evidence stage's reader the router loads by default (services/training/late_reader.py)."""
     from services.router.late_reader import K
-    from services.router.late_training import EPOCHS, EXPORT_CLIP, ROUTE_EPOCHS
+    from services.training.late_reader import EPOCHS, EXPORT_CLIP, ROUTE_EPOCHS
 
     p = subparsers.add_parser("train-late-reader",
                               help="train the router's late reader for a gate model and calibrate its stage")
@@ -264,7 +264,7 @@ def add_train_late_reader_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
     def run(args: argparse.Namespace) -> int:
-        from services.router.late_training import train_late_reader
+        from services.training.late_reader import train_late_reader
 
         t0 = time.time()
         doc = train_late_reader(args.out, gate=args.gate, tools=args.tools, queries=args.queries,

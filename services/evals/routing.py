@@ -15,7 +15,7 @@ Protocol (also written into the report as ``protocol``):
   each line's mean over its draws, and ``accuracy_by_draw`` shows what the draw alone moves (1.4 points at N = 10
   between two draws in reports/routing_experiments.md §17). The untrained baseline and concat-all use the first draw.
 * Second stage. With ``--late-reader`` (the default, as the router's default) each fold model routes with its own
-  late reader (services/router/late_training.fold_late_reader): the head trained on the augment lines as
+  late reader (services/training/late_reader.fold_late_reader): the head trained on the augment lines as
   production's, its threshold on the fold's training lines, the argument-evidence stage calibrated on that model's
   validation + calibration lines; none of fold f's lines reaches it. ``--slots DIR`` routes with the slot reader
   instead; ``--no-late-reader`` without a stage. The held-out server's model never has one.
@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from services.evals.data import (
+from services.evals.stats import bootstrap_mean_ci, percentile, wilson
+from services.training.data import (
     QueryLine,
     Registry,
     assign_folds,
@@ -56,9 +57,8 @@ from services.evals.data import (
     parse_sizes,
     query_registry,
 )
-from services.evals.stats import bootstrap_mean_ci, percentile, wilson
-from services.router.stage_training import calibrate_arg_evidence
-from services.router.training import GateHyperParams, default_gate_dir, train_gate
+from services.training.gate import GateHyperParams, default_gate_dir, train_gate
+from services.training.stages import calibrate_arg_evidence
 
 log = logging.getLogger("nexus.evals.routing")
 
@@ -133,7 +133,7 @@ class Protocol:
     def extra_lines(self, path: str | Path) -> list[QueryLine]:
         """The lines of ``path`` (augment or calibration lines: a JSONL file or a directory of them, '' = none)
         whose tool is in the registry."""
-        from services.evals.data import load_augment
+        from services.training.data import load_augment
 
         known = set(self.registry.names)
         return [ln for ln in load_augment(path) if ln.tool in known]
@@ -198,7 +198,7 @@ def held_out_late_readers(a, proto: Protocol, dirs: dict[int, str], seeds: Seque
     """``{fold: {seed: (directory, summary)}}``: the late reader of each fold model of ``dirs`` per head seed, built
     as `nexus eval routing` builds seed 0's (``late_training.fold_late_reader``: from the fold's training lines, the
     bench's ``--augment`` and ``--calibration``; kept while current, ~20 min for a new one on 2 cores)."""
-    from services.router.late_training import fold_late_reader
+    from services.training.late_reader import fold_late_reader
 
     extra, calib = proto.extra_lines(a.augment), proto.extra_lines(a.calibration)
     return {f: {k: fold_late_reader(gate, proto.registry, proto.split(f)[0], extra, calib, a.models_root,
@@ -220,7 +220,7 @@ def checked_folds(ap, a) -> tuple[list[int], list[str]]:
 def fold_model_dirs(a, proto: Protocol, folds: Sequence[int], given: Sequence[str]) -> dict[int, str]:
     """``{fold: gate model}``: the ``--gates`` models, else the evaluation's fold models (trained once and cached
     under ``--models-root``, on the augment and calibration lines as ``nexus eval routing`` trains them)."""
-    from services.router.training import GateHyperParams
+    from services.training.gate import GateHyperParams
 
     if given:
         return dict(zip(folds, given, strict=True))
@@ -661,8 +661,8 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
              augment: str = "", calibration: str = "", draws: int = 1, slots: str = "",
              precision: str | None = None, late_reader: bool = False,
              generalization_from: str = "") -> dict[str, Any]:
-    from services.evals.data import prepare_training_env
     from services.router.config import RouterConfig
+    from services.training.data import prepare_training_env
 
     precision = precision or RouterConfig.query_encoder_precision  # the product's graph unless asked otherwise
 
@@ -671,7 +671,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
 
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.router.training import GateHyperParams
+    from services.training.gate import GateHyperParams
 
     t_start = time.time()
     hp = hp or GateHyperParams(seed=seed)
@@ -692,7 +692,7 @@ def evaluate(queries: str, tools: str, sizes: str, out_json: str, *, seed: int =
     if late_reader:  # each fold model's own late reader, from its fold's lines, as the default router reads
         if slots:
             raise ValueError("late_reader and slots: the stage reads one of them")
-        from services.router.late_training import fold_late_reader
+        from services.training.late_reader import fold_late_reader
 
         for f, gdir in enumerate(fold_dirs):
             train = [ln for ln, g in zip(lines, fold_of, strict=True) if g != f]

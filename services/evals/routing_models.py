@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from services.evals.data import (  # noqa: F401 - re-exported
+from services.evals.routing import fold_models, holdout_model, train_cached  # noqa: F401 - re-exported
+from services.training.data import (  # noqa: F401 - re-exported
     QueryLine,
     Registry,
     equivalents,
@@ -23,9 +24,8 @@ from services.evals.data import (  # noqa: F401 - re-exported
     load_queries,
     prepare_training_env,
 )
-from services.evals.routing import fold_models, holdout_model, train_cached  # noqa: F401 - re-exported
-from services.router.stage_training import GateScorer, calibrate_arg_evidence, load_scorer  # noqa: F401
-from services.router.training import GateHyperParams
+from services.training.gate import GateHyperParams
+from services.training.stages import GateScorer, calibrate_arg_evidence, load_scorer  # noqa: F401
 
 log = logging.getLogger("nexus.evals.routing")
 
@@ -69,7 +69,7 @@ def float_bench(args: Any) -> FloatBench:
 
     from services.common.models import default_embedder_path
     from services.evals.routing import load_protocol
-    from services.router.training import _encode_eval, make_examples, tool_text
+    from services.training.gate import _encode_eval, make_examples, tool_text
 
     proto = load_protocol(args.queries, args.tools, args.sizes, draws=args.draws)
     names = list(proto.registry.names)
@@ -89,7 +89,7 @@ def load_fold(proto: Any, fold: int, hp: GateHyperParams, models_root: str, extr
     """``FoldModel`` of ``fold`` of ``proto`` (a ``routing.Protocol``): trained once (cached) on the other folds +
     ``extra``, calibrated on its validation lines + ``calibration``; ``choose_extra``: examples that join its
     validation lines as the bench's choosing lines (usually the calibration lines' examples)."""
-    from services.router.training import make_examples
+    from services.training.gate import make_examples
 
     registry, known = proto.registry, set(proto.registry.names)
     train, idxs = proto.split(fold)

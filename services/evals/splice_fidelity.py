@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from services.engine.splice import SCRATCH_SEQ, SpliceContext, kl_divergence, recompute_fraction
+from services.runtime.splice import SCRATCH_SEQ, SpliceContext, kl_divergence, recompute_fraction
 
 BASE_SEQ = 2  # the cached context
 REF_SEQ = 3  # the reference (text prefill)

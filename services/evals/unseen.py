@@ -13,7 +13,7 @@ Arms (all on the router's INT8 SLB scoring, ``services.router.slb.SemanticIndex`
 * ``derived``: the text keys + each tool's derived requests (services/compiler/derive.py: written by an instruct
   LLM from the tool alone) as exemplar keys, pooled as the router pools them; the weight and pooling temperature
   are chosen, per fold, on the *other* folds' lines at N = 250 (else the largest size);
-* ``template``: the same with the template requests of services/router/synth.py instead (no LLM): does the LLM earn
+* ``template``: the same with the template requests of services/training/synth.py instead (no LLM): does the LLM earn
   its place over a rule?
 * ``lexical``, ``alt_key``, ``alt_key+lexical``: the BM25 addend (weight chosen on the other folds) and the router's
   alternate key (services/router/keys.py);
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from services.evals.data import QueryLine, Registry, is_correct, load_queries, load_registry, parse_sizes
 from services.evals.stats import bootstrap_mean_ci, sign_test
+from services.training.data import QueryLine, Registry, is_correct, load_queries, load_registry, parse_sizes
 
 log = logging.getLogger("nexus.evals.unseen")
 
@@ -72,8 +72,8 @@ def server_folds(registry: Registry, k: int = 4, seed: int = 0) -> dict[str, int
 
 
 def template_requests(tools: Sequence[Any], seed: int = 0, per_tool: int = 5) -> dict[str, list[str]]:
-    """``{schema hash: requests}`` of services/router/synth.py's templates (no model)."""
-    from services.router.synth import synth_examples
+    """``{schema hash: requests}`` of services/training/synth.py's templates (no model)."""
+    from services.training.synth import synth_examples
 
     by_tool: dict[str, list[str]] = {}
     for name, q in synth_examples(list(tools), per_tool, seed):
@@ -278,11 +278,11 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
 
 def fold_gate(f: int, registry: Registry, lines: Sequence[QueryLine], folds: Mapping[str, int], seed: int,
               augment: str, calibration: str, models_root: str, progress: bool, hp: Any = None) -> Any:
-    """The gate model of fold ``f`` as production trains it (services/router/training.py, its default
+    """The gate model of fold ``f`` as production trains it (services/training/gate.py, its default
     hyper-parameters unless ``hp``) from nothing of the fold's servers: their tools are not in its registry, and none of their
     lines (real, augment, calibration) reaches it; cached under ``models_root`` by its data hash."""
     from services.evals.routing_models import load_augment, train_cached
-    from services.router.training import GateHyperParams
+    from services.training.gate import GateHyperParams
 
     held = {s for s, g in folds.items() if g == f}
     sub = registry.subset([n for n in registry.names if registry.server_of[n] not in held])

@@ -1,6 +1,6 @@
 """The trained routing model: a query encoder for the SLB and a cross-encoder behind the margin gate.
 
-A gate model directory (written by ``services.router.training.train_gate``) holds
+A gate model directory (written by ``services.training.gate.train_gate``) holds
 
     gate.json        tau, alpha, ce_top_k, the hyper-parameters, data hash and validation figures
     query_encoder/   SentenceTransformer fine-tuned to map requests onto the *base* all-MiniLM-L6-v2

@@ -13,7 +13,7 @@ pass the router already makes over the request to embed it (reports/routing_expe
   ~11 / 26 / 44 ms p50 / p95 / p99 on one thread (bench/routing_late_reader.py);
 * a question's score is its best span's logit minus "not stated" (the request's [CLS]), as the slot reader's.
 
-A late-reader directory (``save``; `nexus train-late-reader`, services/router/late_training.py, trains and
+A late-reader directory (``save``; `nexus train-late-reader`, services/training/late_reader.py, trains and
 calibrates one):
 
     late_reader.json  format, the head's shape, its stated threshold and data hash, the gate model it reads

@@ -6,10 +6,9 @@ import asyncio
 
 from nexus.v1 import router_pb2, router_pb2_grpc
 from services.common.clients import AsyncCompilerClient
-from services.common.convert import turns_from_pb
 from services.common.metrics import Metrics
 from services.common.tools import Tool
-from services.router.router import Router
+from services.router.router import HistoryTurn, Router
 
 
 class RouterServicer(router_pb2_grpc.RouterServiceServicer):
@@ -20,7 +19,7 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     async def Route(self, request, context):
         top_k = request.top_k if request.HasField("top_k") else None
-        decision = await asyncio.to_thread(self.router.route, request.query, turns_from_pb(request.history), top_k)
+        decision = await asyncio.to_thread(self.router.route, request.query, [HistoryTurn(role=t.role, content=t.content) for t in request.history], top_k)
         self.metrics.routes.inc()
         self.metrics.route_ms.observe(decision.route_ms)
         if decision.escalated:

@@ -135,9 +135,9 @@ def test_router_mounts_the_trained_gate_model_and_loads_it(compose, tmp_path, pr
     from services.common.config import load_config
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.data import load_registry
     from services.router.config import RouterConfig
     from services.router.router import Router
+    from services.training.data import load_registry
     from tests.conftest import TOOLS_DIR
 
     router = interpolate(yaml.safe_load(COMPOSE.read_text()), {**ENV, "NEXUS_QUERY_ENCODER_PRECISION": precision})

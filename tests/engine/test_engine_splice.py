@@ -16,8 +16,8 @@ from services.compiler.kvblock import PRELUDE_SEQ, BlockCompiler, kv_block_key
 from services.compiler.tokenizer import load_tokenizer
 from services.engine.config import EngineConfig
 from services.engine.engine import PATH_SPLICE, PATH_TEXT, Engine, Result
-from services.engine.prompt import Turn
-from services.engine.splice import SCRATCH_SEQ, kl_divergence, recompute_tokens, uma_check
+from services.runtime.prompt import Turn
+from services.runtime.splice import SCRATCH_SEQ, kl_divergence, recompute_tokens, uma_check
 
 TOOLS = ("git_status", "get_current_time", "github_create_pull_request", "brave_web_search")
 HISTORY = [Turn("user", "I am working in the repository at /home/me/repo today, on the login bug."),

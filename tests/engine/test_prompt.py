@@ -1,7 +1,7 @@
 import json
 
 from services.engine.engine import JsonObjectTracker
-from services.engine.prompt import ChatTemplate, Turn, build_messages, prune_history, split_prompt, surrogate
+from services.runtime.prompt import ChatTemplate, Turn, build_messages, prune_history, split_prompt, surrogate
 
 
 def test_prune_keeps_recent_turns_and_replaces_tool_payloads():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from services.engine.sampling import GrammarError, GrammarSampler
-from services.engine.splice import SpliceContext
+from services.runtime.splice import SpliceContext
 
 GRAMMAR = r'''root ::= "{" ws "\"ok\"" ws ":" ws ("true" | "false") ws "}"
 ws ::= [ \t\n]?'''

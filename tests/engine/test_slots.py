@@ -5,14 +5,6 @@ import numpy as np
 import pytest
 
 from services.common.tools import parse_tool
-from services.engine.slot_training import (
-    SlotExample,
-    SlotHyperParams,
-    choose_threshold,
-    find_value,
-    length_batches,
-    make_examples,
-)
 from services.engine.slots import (
     balance_span,
     clean_span,
@@ -21,7 +13,15 @@ from services.engine.slots import (
     slot_question,
     top_spans,
 )
-from services.evals.data import QueryLine
+from services.training.data import QueryLine
+from services.training.slots import (
+    SlotExample,
+    SlotHyperParams,
+    choose_threshold,
+    find_value,
+    length_batches,
+    make_examples,
+)
 
 TOOL = parse_tool({
     "name": "get_label", "description": "Get a label of a repository.",
@@ -296,8 +296,8 @@ def test_trained_reader_gives_number_pairs_in_the_order_stated(reader, tool, que
 def test_train_slots_fine_tunes_a_reader_that_loads_and_keeps_it_while_the_data_match(tmp_path):
     """A real (tiny) fine-tune from the all-MiniLM-L6-v2 weights: one step over a few lines, its threshold chosen on
     their examples, written atomically; the same data again keeps it, other data retrains."""
-    from services.engine.slot_training import train_slots
     from services.engine.slots import SlotModel
+    from services.training.slots import train_slots
 
     lines = [QueryLine(id=f"s{i}", server="github", tool="get_label", query=q, args=a) for i, (q, a) in enumerate([
         ("get the bug label of octo-org/web-app", {"owner": "octo-org", "repo": "web-app", "name": "bug"}),

@@ -1,4 +1,4 @@
-"""The KV splice path against the real llama.cpp on SmolLM2-135M (services.engine.splice).
+"""The KV splice path against the real llama.cpp on SmolLM2-135M (services.runtime.splice).
 
 Reference = text prefill of context + schema, then the query decoded on top; splice = text prefill of
 the context, the compiled schema block transplanted at n_past (native RoPE reanchor), optional suffix
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import FailedPrecondition, ModelMismatch
-from services.engine.splice import (
+from services.runtime.splice import (
     LIVE_SEQ,
     SpliceContext,
     kl_divergence,
@@ -156,8 +156,8 @@ def test_llama_log_callback_outlives_the_context():
     import gc
 
     from services.compiler.tokenizer import load_tokenizer
-    from services.engine import splice
-    from services.engine.splice import SpliceContext
+    from services.runtime import splice
+    from services.runtime.splice import SpliceContext
 
     ctx = SpliceContext(n_ctx=256, n_threads=1)
     ctx.close()

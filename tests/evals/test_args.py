@@ -1,7 +1,7 @@
 """The argument evaluation's scoring and sampling (pure functions; the end-to-end run is `nexus eval args`)."""
 
 from services.evals.args import arg_hits, placeholder_count, sample_lines, tune_split, values_match
-from services.evals.data import QueryLine, load_queries
+from services.training.data import QueryLine, load_queries
 
 
 def test_values_match_types():

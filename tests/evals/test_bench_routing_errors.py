@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from services.evals.data import QueryLine
+from services.training.data import QueryLine
 from tests.conftest import REPO, load_bench
 
 SERVER = {"a1": "a", "a2": "a", "a3": "a", "b1": "b"}

@@ -1,5 +1,5 @@
 """bench/routing_late_reader.py: the distillation teacher's cache and the figure (the training it measures is
-services/router/late_training.py's, tests/router/test_late_training.py)."""
+services/training/late_reader.py's, tests/router/test_late_training.py)."""
 
 import pytest
 
@@ -9,7 +9,7 @@ from tests.conftest import load_bench
 def test_teacher_pairs_are_read_once_and_kept_by_what_they_depend_on(tmp_path, monkeypatch):
     import sys
 
-    from services.evals.data import QueryLine
+    from services.training.data import QueryLine
 
     lr = load_bench("routing_late_reader")
     gate, slots = tmp_path / "gate", tmp_path / "slots"

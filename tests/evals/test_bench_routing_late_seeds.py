@@ -64,7 +64,7 @@ def test_choice_figures_are_the_readers_own_calibration():
 
 
 def test_vote_is_the_seeds_majority_else_the_stage_off_and_hindsight_any_seed_right():
-    from services.evals.data import is_correct
+    from services.training.data import is_correct
 
     b = load_bench("routing_late_seeds")
     labels = {"a": "t1", "b": "t2", "c": "t3"}

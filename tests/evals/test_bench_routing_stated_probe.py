@@ -12,8 +12,8 @@ def probe_parts(all_tools):
     from transformers import AutoTokenizer
 
     from services.common.models import resolve_embedder
-    from services.engine.slot_training import SlotHyperParams, make_examples
-    from services.evals.data import QueryLine
+    from services.training.data import QueryLine
+    from services.training.slots import SlotHyperParams, make_examples
 
     sp = load_bench("routing_stated_probe")
     base = str(resolve_embedder(""))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from services.evals import unseen
-from services.evals.data import QueryLine, load_registry
+from services.training.data import QueryLine, load_registry
 from tests.conftest import QUERIES, TOOLS_DIR
 
 
@@ -109,7 +109,7 @@ def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requ
     tools, its lines none of their lines; ``gate+derived`` reads derived requests from the store (a file written
     here, one request per tool: the mechanics, not the generator)."""
     from services.compiler.derive import encode_derived  # noqa: F401 - the artifact format the arm writes
-    from services.router.training import GateHyperParams
+    from services.training.gate import GateHyperParams
 
     keep = ("time", "redis", "sqlite", "puppeteer")
     tools = tmp_path / "tools"

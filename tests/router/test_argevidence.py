@@ -345,8 +345,8 @@ def test_the_router_escalates_near_ties_to_the_argument_evidence(tmp_path, reade
 def test_calibrating_a_real_gate_model_writes_a_current_section_once(tmp_path, reader, tools_dir):
     """``routing_models.calibrate_arg_evidence`` on a copy of the production gate model: a real router ranks the
     model's validation lines + 40 calibration lines, the section lands in gate.json, a second call keeps it."""
-    from services.evals.data import load_queries, load_registry
     from services.evals.routing_models import calibrate_arg_evidence, load_augment
+    from services.training.data import load_queries, load_registry
     from tests.conftest import QUERIES, REPO
 
     gate_dir = _gate_copy(tmp_path, reader, {"feature": "none"})

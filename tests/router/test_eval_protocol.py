@@ -6,7 +6,8 @@ from collections import Counter, defaultdict
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.evals.data import (
+from services.evals.routing import concat_prompt, names_grammar, registries_for, summarize, summarize_draws
+from services.training.data import (
     assign_folds,
     equivalents,
     is_correct,
@@ -15,7 +16,6 @@ from services.evals.data import (
     parse_sizes,
     query_registry,
 )
-from services.evals.routing import concat_prompt, names_grammar, registries_for, summarize, summarize_draws
 from tests.conftest import SHARED
 
 QUERIES = SHARED / "data" / "queries" / "train.jsonl"

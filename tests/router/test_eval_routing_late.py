@@ -11,7 +11,7 @@ from tests.conftest import REPO, SHARED
 
 def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_changed(tmp_path, monkeypatch):
     from services.evals import routing
-    from services.router import late_training
+    from services.training import late_reader as late_training
 
     gate, late = REPO / "var" / "models" / "gate", REPO / "var" / "models" / "late_reader"
     lines = [json.loads(x) for x in (SHARED / "data" / "queries" / "train.jsonl").read_text().splitlines()[:24]]
@@ -108,7 +108,7 @@ def test_held_out_benches_build_each_folds_reader_per_seed_from_its_own_lines(mo
     from types import SimpleNamespace
 
     from services.evals.routing import held_out_late_readers, load_protocol
-    from services.router import late_training
+    from services.training import late_reader as late_training
 
     proto = load_protocol(str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools"), "10")
     asked = []

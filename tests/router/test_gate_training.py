@@ -11,11 +11,11 @@ import pytest
 
 from services.common.embedder import Embedder
 from services.common.store import LocalStore
-from services.evals.data import equivalents, load_queries, load_registry
 from services.router.config import RouterConfig
 from services.router.keys import LexicalIndex, alt_tool_text, query_part
 from services.router.router import HistoryTurn, Router
-from services.router.training import (
+from services.training.data import equivalents, load_queries, load_registry
+from services.training.gate import (
     EXEMPLAR_GRID,
     EXEMPLAR_TEMPERATURES,
     LEXICAL_GRID,
@@ -386,7 +386,7 @@ def test_single_query_fast_path_gives_the_encode_vector(tiny):
 
 
 def test_the_cross_encoder_is_switched_on_only_for_a_real_validation_gain():
-    from services.router.training import CE_MIN_GAIN, choose_alpha
+    from services.training.gate import CE_MIN_GAIN, choose_alpha
 
     grid = (0.0, 0.05, 0.2, 0.5)
     # session 5's production model: +1.4 points (2 of 144 lines) at 0.05 -> stays off
@@ -398,7 +398,7 @@ def test_the_cross_encoder_is_switched_on_only_for_a_real_validation_gain():
 
 
 def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
-    from services.router.training import Example, exemplar_gap
+    from services.training.gate import Example, exemplar_gap
 
     e = np.eye(4, dtype=np.float32)
     keys = np.stack([e[0], e[1]])  # tools a, b
@@ -420,7 +420,7 @@ def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
 def test_warmup_linear_rises_over_a_tenth_then_decays_to_zero():
     import torch
 
-    from services.router.training import warmup_linear
+    from services.training.gate import warmup_linear
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = warmup_linear(opt, 20)
@@ -435,7 +435,7 @@ def test_warmup_linear_rises_over_a_tenth_then_decays_to_zero():
 
 
 def test_leave_one_out_scores_are_the_scores_without_that_exemplar():
-    from services.router.training import float_tool_scores
+    from services.training.gate import float_tool_scores
 
     rng = np.random.default_rng(0)
     keys, ex = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(12, 8)).astype(np.float32)
@@ -453,7 +453,7 @@ def test_leave_one_out_scores_are_the_scores_without_that_exemplar():
 
 
 def test_the_tool_bias_lifts_a_tool_its_neighbour_keeps_beating():
-    from services.router.training import fit_tool_bias
+    from services.training.gate import fit_tool_bias
 
     # tool 1's requests score tool 0 a little higher (the SLB errs on all of them); tool 0's own requests win by far;
     # tool 2 has no request

@@ -1,4 +1,4 @@
-"""services/router/late_training.py: the head's targets, a real training step, the cached escalation path against the
+"""services/training/late_reader.py: the head's targets, a real training step, the cached escalation path against the
 batch path, its reader behind the argument-evidence stage, over the real MiniLM weights and real slot examples, and the
 export `nexus train-late-reader` writes (the full training is `make setup`'s; its figures are
 bench/routing_late_reader.py's)."""
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.router import late_training
 from services.router.late_reader import LAYERS
+from services.training import late_reader as late_training
 from tests.conftest import load_bench
 
 
@@ -19,7 +19,7 @@ def late_parts(all_tools):
     from sentence_transformers import SentenceTransformer
 
     from services.common.models import resolve_embedder
-    from services.evals.data import QueryLine
+    from services.training.data import QueryLine
 
     lr = late_training
     st = SentenceTransformer(str(resolve_embedder("")), device="cpu")
@@ -321,9 +321,9 @@ def test_route_groups_leave_each_line_out_of_the_production_slb(tools_dir):
     (its tool scores no higher than with it), the right tool is among the candidates, and only the parameters that
     not every candidate has are asked."""
     from services.engine.slots import slot_params
-    from services.evals.data import load_registry
     from services.evals.routing_models import load_augment
     from services.router.argevidence import shared_names
+    from services.training.data import load_registry
     from tests.conftest import REPO
 
     lr = late_training
@@ -491,7 +491,7 @@ def test_a_fold_models_late_reader_is_built_from_its_folds_lines_and_kept_by_the
     import json
     from types import SimpleNamespace
 
-    from services.evals.data import QueryLine
+    from services.training.data import QueryLine
 
     calls = []
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -196,3 +197,13 @@ def load_augment(path: str | Path) -> list[QueryLine]:
     """Fit-only training lines (``data/routing_augment/*.jsonl``: requests written from the tool schemas
     alone, never from the evaluation's query file). '' means none."""
     return [ln for f in jsonl_files(path) for ln in load_queries(f)]
+
+
+def tune_split(lines: Sequence[QueryLine]) -> tuple[list[QueryLine], list[QueryLine]]:
+    """A fixed, disjoint split of the query lines: ``tune`` (every 4th line by id number) is where prompt,
+    IR and decoding choices were tuned; ``heldout`` (the other lines) is where the reported figures come from."""
+    def num(ln: QueryLine) -> int:
+        digits = re.sub(r"\D", "", ln.id)
+        return int(digits) if digits else hash(ln.id)
+    tune = [ln for ln in lines if num(ln) % 4 == 0]
+    return tune, [ln for ln in lines if num(ln) % 4 != 0]

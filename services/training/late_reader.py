@@ -72,9 +72,9 @@ EXPORT_ENUM_WORDS = True
 
 # what an exported late reader is made from, beside its inputs' bytes, in its export key: a change retrains or
 # recalibrates it, an unchanged input keeps it (`make setup` runs the export on every fresh clone)
-EXPORT_SOURCES = ("services/router/late_training.py", "services/router/late_reader.py",
-                  "services/router/argevidence.py", "services/router/stage_training.py",
-                  "services/engine/slot_training.py")
+EXPORT_SOURCES = ("services/training/late_reader.py", "services/router/late_reader.py",
+                  "services/router/argevidence.py", "services/training/stages.py",
+                  "services/training/slots.py")
 REPO = Path(__file__).resolve().parents[2]
 # cached heads are safetensors: loading one runs no code (nothing under services/ unpickles)
 HEAD_SUFFIX = ".safetensors"
@@ -174,7 +174,7 @@ def train_head(head, examples, qs: dict, cs: dict, epochs: int = 8, bs: int = 32
     import torch
     from tqdm import tqdm
 
-    from services.engine.slot_training import adamw_schedule, optimizer_step
+    from services.training.slots import adamw_schedule, optimizer_step
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -231,7 +231,7 @@ def tune_with_spans(model, items, batch_loss, examples, qs: dict, cs: dict, epoc
     import torch
     from tqdm import tqdm
 
-    from services.engine.slot_training import adamw_schedule, optimizer_step
+    from services.training.slots import adamw_schedule, optimizer_step
 
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -285,11 +285,11 @@ def route_groups(gate_dir: Path, lines, registry, top_k: int = 4, distinct: bool
 
     from services.common.models import default_embedder_path
     from services.engine.slots import slot_context, slot_params, slot_question
-    from services.evals.data import equivalents
     from services.router.argevidence import shared_names
     from services.router.router import routing_text
-    from services.router.stage_training import load_scorer
-    from services.router.training import _encode_eval, tool_text
+    from services.training.data import equivalents
+    from services.training.gate import _encode_eval, tool_text
+    from services.training.stages import load_scorer
 
     names = list(registry.names)
     pos = {n: i for i, n in enumerate(names)}
@@ -451,8 +451,8 @@ def graph_reader(reader: LateReader, graph: Path, max_len: int) -> LateReader:
 
 def routing_examples(lines, by_name):
     """The slot reader's examples with the routing text (what the router encodes) as the context."""
-    from services.engine.slot_training import SlotHyperParams, make_examples
     from services.router.router import routing_text
+    from services.training.slots import SlotHyperParams, make_examples
 
     return make_examples(lines, by_name, SlotHyperParams(),
                          source=lambda ln: routing_text(ln.query, list(ln.history), 4))
@@ -585,7 +585,7 @@ def export(reader: LateReader, gate: Path, lines, registry, calibration, out: st
     at the default precision reads: the INT8 graph's states, at the query encoder's truncation. Written beside ``out``
     and swapped in when complete; ``key`` (``export_key``) is recorded in it. Returns the calibration's summary."""
     from services.router import late_reader
-    from services.router.stage_training import calibrate_arg_evidence
+    from services.training.stages import calibrate_arg_evidence
 
     gate_meta = json.loads((gate / "gate.json").read_text())
     final = Path(out)
@@ -639,8 +639,7 @@ def build(gate: str | Path, registry, lines, augment, calibration, out: str | Pa
     then on the stage's decisions over ``augment`` (``head_for``, cached in ``heads``), the stage calibrated on the
     model's validation lines (drawn from ``lines``, what it was trained on) + ``calibration``; ``seed``: the head's
     (``head_for``). Returns the export's summary (``{"kept": True, ...}`` when ``out`` was current)."""
-    from services.evals.args import tune_split
-    from services.evals.data import prepare_training_env
+    from services.training.data import prepare_training_env, tune_split
 
     if not retrain and export_current(out, key):
         return {"kept": True, "late_reader": str(out), "export_key": key}
@@ -691,7 +690,7 @@ def files_key(gate: str | Path, tools: str | Path, queries: str | Path, augment:
               calibration: str | Path, settings: Sequence[Any]) -> str:
     """``export_key`` of `nexus train-late-reader`'s inputs: the query, augment and calibration JSONL files (or
     directories of them) and the registry directory's tool files."""
-    from services.evals.data import jsonl_files
+    from services.training.data import jsonl_files
 
     files = [*jsonl_files(queries), *jsonl_files(augment), *jsonl_files(calibration),
              *sorted(Path(tools).glob("*.json"))]
@@ -707,7 +706,7 @@ def train_late_reader(out: str | Path, *, gate: str | Path, tools: str | Path, q
     and calibration JSONL files or directories, the registry directory ``tools``), keyed by their bytes. Raises
     InvalidArgument naming a missing input before loading anything."""
     from services.common.errors import InvalidArgument
-    from services.evals.data import load_augment, load_queries, load_registry
+    from services.training.data import load_augment, load_queries, load_registry
 
     for what, path in (("gate model", Path(gate) / "gate.json"), ("tools", Path(tools)), ("queries", Path(queries)),
                        ("augment lines", Path(augment)), ("calibration lines", Path(calibration))):

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from services.evals.data import QueryLine, Registry, equivalents
 from services.router.argevidence import CLIP
+from services.training.data import QueryLine, Registry, equivalents
 
 log = logging.getLogger("nexus.evals.routing")
 
@@ -38,7 +38,7 @@ def calibrate_arg_evidence(gate_dir: str | Path, lines: Sequence[QueryLine], reg
     from services.router import argevidence
     from services.router.config import RouterConfig
     from services.router.router import Router
-    from services.router.training import make_examples
+    from services.training.gate import make_examples
 
     if reader is None:
         if not SlotModel.exists(slots):
@@ -110,7 +110,7 @@ class GateScorer:
         return np.array([float(tb.get(n, 0.0)) for n in names], np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from services.router.training import _encode_eval
+        from services.training.gate import _encode_eval
 
         return _encode_eval(self.qenc, list(texts))
 
@@ -118,7 +118,7 @@ class GateScorer:
         """The SLB's float scores of ``texts`` over the tools of ``keys`` (no tool bias): ``float_tool_scores`` at
         the model's calibrated exemplar weight, temperature and gap; ``leave_out``: each text's own exemplar row
         (-1: none)."""
-        from services.router.training import float_tool_scores
+        from services.training.gate import float_tool_scores
 
         return float_tool_scores(self.embed(texts), keys, self.ex_v, self.tool_of_row, self.w, self.temp, self.gap,
                                  leave_out=leave_out)

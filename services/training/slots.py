@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from services.common.tools import Tool
-from services.engine.prompt import Turn, copy_source, prune_history
 from services.engine.slots import SLOTS_FORMAT, read_spans, slot_context, slot_params, slot_question
+from services.runtime.prompt import Turn, copy_source, prune_history
 
 log = logging.getLogger("nexus.engine.slots")
 
@@ -338,11 +338,10 @@ def add_train_slots_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(args) -> int:
-        from services.evals.data import load_augment, prepare_training_env
+        from services.training.data import load_augment, prepare_training_env
 
         prepare_training_env()  # before torch runs: passive OpenMP waits (spinning: 5.3 vs 1.1 s/step beside a job)
-        from services.evals.args import tune_split
-        from services.evals.data import load_queries, load_registry
+        from services.training.data import load_queries, load_registry, tune_split
 
         registry = load_registry(args.tools)
         tune, _ = tune_split(load_queries(args.queries))
