@@ -103,6 +103,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gate-arm", action=argparse.BooleanOptionalAction, default=True,
                    help="--protocol unseen: also route with each fold's gate model, trained as production from "
                         "nothing of the fold's servers (~10 min per fold once, cached under --models-root)")
+    p.add_argument("--embedder", default="",
+                   help="--protocol unseen: sentence-transformers directory for the untrained arms (default MiniLM)")
     p.add_argument("--derived", default=_checkout_data("derived/requests.jsonl"),
                    help="--protocol unseen: the registry's derived requests (nexus derive; '' = no derived arm)")
     p.add_argument("--draws", type=_positive_int, default=1,
@@ -150,7 +152,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
             rep = unseen.evaluate(args.queries, args.tools, args.out, sizes=args.sizes, k=args.folds or 4,
                                   seed=args.seed, draws=args.draws, derived=args.derived, progress=not args.quiet,
                                   gate=args.gate_arm, augment=args.augment, calibration=args.calibration,
-                                  models_root=args.models_root)
+                                  models_root=args.models_root, embedder=args.embedder)
             brief = {a: {s: {k: round(v[k], 4) for k in ("top1", "top3")} for s, v in by.items()}
                      for a, by in rep["arms"].items()}
             print(json.dumps({"arms": brief, "json": args.out, "seconds": round(time.time() - t0)}, indent=2))

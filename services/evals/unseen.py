@@ -164,8 +164,9 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
              seed: int = 0, draws: int = 3, derived: str = "", weights: Sequence[float] = (0.5, 1.0, 2.0, 5.0),
              temperatures: Sequence[float] = (0.0, 0.05, 0.2), choose_size: str = "",
              progress: bool = True, gate: bool = False, augment: str = "", calibration: str = "",
-             models_root: str = "var/models", hp: Any = None) -> dict[str, Any]:
-    """Run the unseen-tools protocol (module docstring) and write the report JSON + PNG; returns the report."""
+             models_root: str = "var/models", hp: Any = None, embedder: str = "") -> dict[str, Any]:
+    """Run the unseen-tools protocol (module docstring) and write the report JSON + PNG; returns the report.
+    ``embedder``: the sentence-transformers directory the untrained arms embed with ('' = all-MiniLM-L6-v2)."""
     from services.common.embedder import Embedder, tool_text
     from services.evals.routing import registries_for
     from services.router.router import routing_text
@@ -181,7 +182,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
         raise ValueError(f"the choosing size {choose_size} is not among the sizes {size_list}")
     folds = server_folds(registry, k, seed)
     regs = [registries_for(lines, size_list, registry, seed, d) for d in range(draws)]
-    emb = Embedder("")
+    emb = Embedder(embedder)
     names = list(registry.names)
     by_name = registry.by_name()
     text = emb.embed([tool_text(by_name[n]) for n in names])
@@ -260,7 +261,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
                                     for g in range(k)},
                      "lines": len(lines), "queries": queries, "tools": tools, "choose_size": choose_size,
                      "weights": list(weights), "temperatures": list(temperatures),
-                     "embedder": "all-MiniLM-L6-v2 (base), INT8 SLB", "gate_arms": gate,
+                     "embedder": embedder or "all-MiniLM-L6-v2 (base)", "gate_arms": gate,
                      "derived": bool(derived)},
         "arms": {a: {s: summarize_arm(hits[a][s], by_id) for s in size_list} for a in hits},
         "paired_vs_dense": {a: {s: paired(hits[a][s], hits["dense"][s]) for s in size_list} for a in hits

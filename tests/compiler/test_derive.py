@@ -177,3 +177,27 @@ def test_registered_tools_route_at_once_and_get_derived_keys_in_the_background(t
     finally:
         router.stop()
         compiler.stop()
+
+
+def test_a_long_tool_is_shortened_to_fit_and_its_prompt_still_ends_with_the_assistants_turn():
+    """A tool whose full prompt exceeds a sequence's budget (the github tools with a dozen long parameters) gets a
+    shorter description and fewer parameters, never a prompt cut at its end (which under derive-v2 left 23 of the
+    338 tools without a request: the model went on writing the user's message)."""
+    from services.common.models import resolve_generator_gguf
+
+    long_tool = Tool("report_export", "Export a report. " + "It has many options and caveats. " * 40, {
+        "type": "object", "required": ["report_id"],
+        "properties": {f"option_{i}": {"type": "string", "description": "An option of the export, " * 8}
+                       for i in range(12)} | {"report_id": {"type": "string"}}})
+    gen = derive.RequestGenerator(str(resolve_generator_gguf("")), threads=1, parallel=1, n_ctx_per_seq=768)
+    try:
+        full, fitted, short = gen.prompt_tokens(long_tool), gen.fitted_prompt(long_tool), gen.fitted_prompt(TOOL)
+        budget = gen.n_ctx_per_seq - gen.settings.max_tokens
+        assert len(full) > budget >= len(fitted)
+        assert short == gen.prompt_tokens(TOOL)  # a tool that fits keeps its whole prompt
+        tail = full[-8:]  # the chat's end: the end of the user's turn and the assistant's opening
+        assert fitted[-8:] == tail
+        reqs = gen.generate(long_tool)
+        assert reqs, "the shortened prompt still yields requests"
+    finally:
+        gen.close()
