@@ -2,7 +2,7 @@
 
 ``create_pull_request(owner: str, repo: str, title: str, head: str, base: str, body?: str, draft?: bool)``
 followed by the first words of the description (~11 tokens a tool; without it the tuning sample scored the
-same but e.g. "Tokyo" no longer maps to the IANA name get_current_time asks for — reports/args_experiments.md).
+same but e.g. "Tokyo" no longer maps to the IANA name get_current_time asks for — docs/experiments/args_experiments.md).
 Optional parameters carry ``?``, enums are inlined
 (``state?: "open"|"closed"``), nested objects are flattened one level, arrays read ``T[]`` (an array of objects
 shows its items' members one level deep, like an object).

@@ -15,7 +15,7 @@ and the 135M model often writes the first or the most frequent option instead (`
 Booleans (``flag``): a parameter whose every name word the request uses is ``true``, or ``false`` after a negation
 ("not recursive", "take it out of draft", "un-draft", "don't submit").
 
-On the team's data (gold arguments, no model; ``bench/choice_rules.py``): on the tune split's 55 stated enum
+On the team's data (gold arguments, no model; ``bench/choice_rules.py``, retired: docs/experiments/README.md): on the tune split's 55 stated enum
 arguments the rule chooses 46, 45 of them right; on the 4,056 hand-written augment lines it chooses 645 of 1,059,
 620 right (96.1 %), and 103 of 291 stated booleans, 99 right. It fires on 4 of 39 (tune) and 36 of 585 (augment)
 enum parameters the request does not state (``merge it`` -> ``merge_method: merge``). The copy bias

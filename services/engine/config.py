@@ -69,11 +69,11 @@ class EngineConfig(TransportSecurity):
     slot_hint_penalty: float = 10.0
     # Enum and boolean parameters whose value the request names in its words (services/engine/choices.py): the
     # copy bias favours that value by ``slot_hint_bias`` and holds it pending until it is written (tune split:
-    # with number ordering 444 -> 452, reports/args_experiments.md rows 44-45).
+    # with number ordering 444 -> 452, docs/experiments/args_experiments.md rows 44-45).
     enum_choices: bool = True
     slot_threads: int = 1
     # 0: each parameter's own best span (overlaps allowed); k > 0: each parameter's best k spans are shared out
-    # best first without overlaps (tune split: 64.5 % at k = 3 vs 66.0 % at 0, reports/args_experiments.md)
+    # best first without overlaps (tune split: 64.5 % at k = 3 vs 66.0 % at 0, docs/experiments/args_experiments.md)
     slot_candidates: int = 0
     # Recent prompt heads (prelude + conversation window) kept decoded in their own sequences, found by exact
     # tokens through the native radix arena (0 disables).

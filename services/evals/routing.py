@@ -13,7 +13,7 @@ Protocol (also written into the report as ``protocol``):
   seeded by the seed and the size itself. With ``--draws K`` every line is routed over K independent draws of its
   distractors per size: rates are over all (line, draw) pairs, the 95 % intervals are bootstraps over lines of
   each line's mean over its draws, and ``accuracy_by_draw`` shows what the draw alone moves (1.4 points at N = 10
-  between two draws in reports/routing_experiments.md §17). The untrained baseline and concat-all use the first draw.
+  between two draws in docs/experiments/routing_experiments.md §17). The untrained baseline and concat-all use the first draw.
 * Second stage. With ``--late-reader`` (the default, as the router's default) each fold model routes with its own
   late reader (services/training/late_reader.fold_late_reader): the head trained on the augment lines as
   production's, its threshold on the fold's training lines, the argument-evidence stage calibrated on that model's

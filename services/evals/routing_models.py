@@ -43,7 +43,7 @@ class FoldModel(GateScorer):
 
 @dataclass
 class FloatBench:
-    """What the float-score benches (bench/routing_aggregate, _rescore, _residual_ce, _arg_evidence) set up alike: the
+    """What the float-score benches (bench/routing_aggregate, _rescore, _residual_ce, _arg_evidence, retired: docs/experiments/README.md) set up alike: the
     protocol, the registry's names in order (``pos``: name -> index, ``by_name``: name -> Tool), the augment and
     calibration lines (``calib_ex``: the latter's examples), the hyper-parameters and the base embedder's description
     keys of every tool (``keys``, registry order)."""

@@ -7,7 +7,8 @@ request written for its tools, no threshold chosen on them. Registries are drawn
 target's own server first, then other servers' tools; ``registries_for``), over the whole registry, with
 ``--draws`` independent draws per size.
 
-Arms (all on the router's INT8 SLB scoring, ``services.router.slb.SemanticIndex``, base all-MiniLM-L6-v2):
+Arms (all on the router's INT8 SLB scoring, ``services.router.slb.SemanticIndex``, base all-MiniLM-L6-v2 unless
+``--embedder``):
 
 * ``dense``: the text keys alone, the untrained baseline every other arm must beat;
 * ``derived``: the text keys + each tool's derived requests (services/compiler/derive.py: written by an instruct
@@ -16,7 +17,8 @@ Arms (all on the router's INT8 SLB scoring, ``services.router.slb.SemanticIndex`
 * ``template``: the same with the template requests of services/training/synth.py instead (no LLM): does the LLM earn
   its place over a rule?
 * ``lexical``, ``alt_key``, ``alt_key+lexical``: the BM25 addend (weight chosen on the other folds) and the router's
-  alternate key (services/router/keys.py);
+  alternate key (services/router/keys.py); ``alt_key+lexical(derived doc)``: the same with each tool's derived
+  requests appended to its BM25 document (doc2query as its authors used it: document expansion for lexical search);
 * with ``--gate-arm`` (the default), ``gate``, ``gate+lexical`` and ``gate+derived``: each fold's gate model trained
   as production from nothing of its servers, routing through the real router (``_gate_arms``).
 
@@ -160,6 +162,10 @@ def paired(hits: Mapping[str, tuple[bool, bool]], base: Mapping[str, tuple[bool,
     return {"fixed": fixed, "broken": broken, "sign_test_p": sign_test(fixed, broken)}
 
 
+DERIVED_PAIRS = (("derived", "dense"), ("derived+alt+lexical", "alt_key+lexical"),
+                 ("alt_key+lexical(derived doc)", "alt_key+lexical"), ("gate+derived", "gate"))
+
+
 def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100,250,all", k: int = 4,
              seed: int = 0, draws: int = 3, derived: str = "", weights: Sequence[float] = (0.5, 1.0, 2.0, 5.0),
              temperatures: Sequence[float] = (0.0, 0.05, 0.2), choose_size: str = "",
@@ -230,6 +236,15 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
             [{**p, **x} for p in pooling for x in lex_grid],
             lambda weight, temperature, lexical_weight: Scorer(names, text, dkeys, weight, temperature, alt=alt,
                                                                lexical=lexical, lexical_weight=lexical_weight))
+        # doc2query proper: the derived requests' words join the tool's BM25 document (not its dense keys)
+        from services.router.keys import lexical_doc, tokens
+
+        lex_d = LexicalIndex([lexical_doc(by_name[n]) + tokens(" ".join(reqs.get(by_name[n].schema_hash, [])))
+                              for n in names])
+        lexical_d = np.vstack([lex_d.scores(query_part(routing_text(ln.query, list(ln.history)))) for ln in lines])
+        arms["alt_key+lexical(derived doc)"] = (
+            lex_grid, lambda lexical_weight: Scorer(names, text, alt=alt, lexical=lexical_d,
+                                                    lexical_weight=lexical_weight))
         derived_info = {"file": derived, "generator": header,
                         "requests_per_tool": float(np.mean([len(reqs[by_name[n].schema_hash]) for n in names]))}
     fold_of_line = [folds[ln.server] for ln in lines]
@@ -266,6 +281,9 @@ def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100
         "arms": {a: {s: summarize_arm(hits[a][s], by_id) for s in size_list} for a in hits},
         "paired_vs_dense": {a: {s: paired(hits[a][s], hits["dense"][s]) for s in size_list} for a in hits
                             if a != "dense"},
+        # what the derived requests add over the same arm without them
+        "paired_derived": {f"{a} vs {b}": {s: paired(hits[a][s], hits[b][s]) for s in size_list}
+                           for a, b in DERIVED_PAIRS if a in hits and b in hits},
         "chosen": chosen,
         "derived": derived_info,
         "gate_folds": gate_meta,

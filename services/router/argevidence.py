@@ -3,7 +3,7 @@
 The data's close neighbours differ in what a request *states* rather than in what it is about: a namespace
 (``pods_list`` vs ``pods_list_in_namespace``), a local path (``git_*`` vs GitHub), a CSS selector vs a snapshot ref,
 an id (get vs list). Cross-encoders over name + description stayed at chance on the lines the gate escalates
-(reports/routing_experiments.md §18). The engine's slot reader (``services/engine/slots.py``: a MiniLM
+(docs/experiments/routing_experiments.md §18). The engine's slot reader (``services/engine/slots.py``: a MiniLM
 question-answering cross-encoder fine-tuned from the all-MiniLM-L6-v2 weights on the augment lines) answers, per
 parameter of a tool, "where does the request state it?" with a score (best-span logit minus "not stated"). On an
 escalated request the router reads the parameters of its SLB's top ``top_k`` candidates and re-ranks them by
@@ -15,7 +15,7 @@ with ``feature`` one of
 * ``req_min``: the weakest of the candidate's required span parameters' scores, clipped to +-``clip`` and scaled to
   +-1 (0 when it requires none): a tool whose required argument the request does not state loses. ``clip`` is the
   section's: ``CLIP`` (10) for the slot reader, 2 for the late reader, whose scores past a couple of logits are
-  confidence, not more evidence (reports/routing_experiments.md §26);
+  confidence, not more evidence (docs/experiments/routing_experiments.md §26);
 * ``req_mean``: their mean;
 * ``stated``: how many of its span parameters (required or not) the reader finds stated (score above its threshold).
 
@@ -49,20 +49,20 @@ log = logging.getLogger("nexus.router.argevidence")
 ARG_EVIDENCE_VERSION = "arg-evidence-v1"
 FEATURES = ("req_min", "req_mean", "stated")
 # the features that read required parameters only: on the folds' held-out lines as accurate as all three
-# (bench/routing_arg_evidence.py, N = 250: 91.7 vs 91.5 %) with ~230 instead of up to ~840 padded reader tokens per
+# (bench/routing_arg_evidence.py, retired: docs/experiments/README.md; N = 250: 91.7 vs 91.5 %) with ~230 instead of up to ~840 padded reader tokens per
 # escalation, but on the production model's choosing lines they gain 0.2 points, below MIN_GAIN, where `stated`
-# gains 0.7: the product still chooses from all three (reports/routing_experiments.md §19)
+# gains 0.7: the product still chooses from all three (docs/experiments/routing_experiments.md §19)
 REQUIRED_FEATURES = ("req_min", "req_mean")
 ALPHAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 ESCALATE_Q = (0.1, 0.2, 0.3)
 CLIP = 10.0
 TOP_K = 4
 # the product reads only what tells the candidates apart (``drop_shared``): as accurate on the held-out lines as
-# reading every parameter (bench/routing_arg_evidence.py: N = 250 91.5 vs 91.6 %) with 30-45 % fewer questions, and
+# reading every parameter (bench/routing_arg_evidence.py, retired: docs/experiments/README.md; N = 250 91.5 vs 91.6 %) with 30-45 % fewer questions, and
 # the reader's time is the escalated request's latency
 DISTINCT = True
 # top-1 the second stage must gain on the choosing lines to be kept (0.5 points: ~7 of ~1,450 lines; it costs a
-# reader pass per escalated request). bench/routing_arg_evidence.py: +0.7 / +1.2 / +1.1 on the folds' choosing
+# reader pass per escalated request). bench/routing_arg_evidence.py (retired: docs/experiments/README.md): +0.7 / +1.2 / +1.1 on the folds' choosing
 # lines, each confirmed on their held-out lines.
 MIN_GAIN = 0.005
 
@@ -125,7 +125,7 @@ def drop_shared(readings: Sequence[Reading]) -> list[list[tuple[str, bool, float
 
 # Enum parameters stated in words ("close it without merging" states state=closed): a span reader reads them as not
 # stated. With enum words on, a parameter one of whose enum values the request's words name (``enum_stated``) reads
-# at +CLIP: the late reader's held-out gain at N = 250 +0.62 -> +1.11 (reports/routing_experiments.md §28). A
+# at +CLIP: the late reader's held-out gain at N = 250 +0.62 -> +1.11 (docs/experiments/routing_experiments.md §28). A
 # section records whether it was calibrated with them (``enum_words``; absent: off); ENUM_WORDS is what ``read``
 # and ``calibrate`` use when not told (a bench's --enum-words turns it on).
 ENUM_WORDS = False
@@ -360,7 +360,7 @@ def _crossfit(rights: Sequence[tuple[dict[str, Any], np.ndarray]], base: np.ndar
     """What the stage gains on lines it was not chosen on: the choosing lines halved (``halves``), the setting
     chosen on each half as ``calibrate`` chooses (none below ``MIN_GAIN``) and scored on the other, over ``splits``
     halvings; ``top1`` is their mean. The whole set's choice is the best of the grid's settings on the very lines it
-    is scored on, optimistic by about as much as it gains (reports/routing_experiments.md §23); this is its honest
+    is scored on, optimistic by about as much as it gains (docs/experiments/routing_experiments.md §23); this is its honest
     counterpart. tau stays the whole set's quantile (the margins carry no labels)."""
     by = {(s["feature"], s["alpha"], s["q"]): r for s, r in rights}
     out = []

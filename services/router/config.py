@@ -37,7 +37,7 @@ class RouterConfig(TransportSecurity):
     # re-ranked by what a reader finds stated in the request. On by default, with the late reader at late_reader_dir
     # (services/router/late_reader.py, `make setup` trains it and calibrates the stage for it): a small head over the
     # router's own query-encoder states, ~+1 point of held-out top-1 at N = 250 with ~11-15 % of requests escalated at
-    # ~7-25 ms each (reports/routing_experiments.md §24, §32-34). Missing, stale or uncalibrated: routing goes on
+    # ~7-25 ms each (docs/experiments/routing_experiments.md §24, §32-34). Missing, stale or uncalibrated: routing goes on
     # without the stage (logged). late_reader_dir empty: the slot reader at slots_model_dir (~280 ms per escalated
     # request; `nexus train-gate --slots` calibrates the stage for it). arg_evidence false: no stage.
     arg_evidence: bool = True
@@ -47,7 +47,7 @@ class RouterConfig(TransportSecurity):
     torch_threads: int = 1
     # The query encoder's single-request graph: "int8" (the default: the dynamic quantization of a smoothed copy,
     # written beside it by training; Route ~1.6x faster in process, held-out top-1 at N = 250 91.09 % against 90.96 %
-    # at fp32, 19 fixed / 15 broken; reports/routing_experiments.md §29) or "fp32" (the torch vectors). A late
+    # at fp32, 19 fixed / 15 broken; docs/experiments/routing_experiments.md §29) or "fp32" (the torch vectors). A late
     # reader embeds with its own fp32 graph either way.
     query_encoder_precision: str = "int8"
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the

@@ -1,4 +1,4 @@
-"""Second tool key and lexical score of the SLB (reports/routing_experiments.md §5).
+"""Second tool key and lexical score of the SLB (docs/experiments/routing_experiments.md §5).
 
 * Alternate key: ``name (words): first sentence. Parameters: p1, p2, …`` embedded with the base embedder;
   a tool scores the max of its two keys (the description key misses requests that name the tool's

@@ -2,7 +2,7 @@
 
 The slot reader the stage was calibrated with (services/engine/slots.py) cross-encodes every (parameter question,
 request) pair: ~250-350 ms per escalated request on one thread. This reader instead reads the hidden states of the
-pass the router already makes over the request to embed it (reports/routing_experiments.md §21-§23):
+pass the router already makes over the request to embed it (docs/experiments/routing_experiments.md §21-§23):
 
 * the router's query encoder runs once, through ``states.onnx`` (``states.int8.onnx`` at the router's default
   precision, int8): the request's vector (what the SLB scans with, the same vector as the gate model's own graph at
@@ -10,7 +10,7 @@ pass the router already makes over the request to embed it (reports/routing_expe
 * each parameter question goes through the same graph once, and the head's keys and values of its tokens at every
   layer are cached (questions attend to themselves only);
 * what an escalation computes is the head's ``k`` small layers over the request's tokens, one batch of questions:
-  ~11 / 26 / 44 ms p50 / p95 / p99 on one thread (bench/routing_late_reader.py);
+  ~11 / 26 / 44 ms p50 / p95 / p99 on one thread (bench/routing_late_reader.py, retired: docs/experiments/README.md);
 * a question's score is its best span's logit minus "not stated" (the request's [CLS]), as the slot reader's.
 
 A late-reader directory (``save``; `nexus train-late-reader`, services/training/late_reader.py, trains and
@@ -425,7 +425,8 @@ def load(path: str | Path, gate, threads: int = 1, precision: str = "fp32") -> L
             graph = INT8_GRAPH_FILE
         else:
             log.warning("no %s in the late reader at %s: requests are embedded by its fp32 graph (slower); "
-                        "bench/routing_late_reader.py --quantize %s adds it", INT8_GRAPH_FILE, root, root)
+                        "services.router.late_reader.add_int8(%s, <gate model>) adds it (`make late-reader` writes both)",
+                        INT8_GRAPH_FILE, root, root)
     min_cosine = MIN_COSINE_INT8 if graph == INT8_GRAPH_FILE else MIN_COSINE
     try:
         doc = json.loads((root / META_FILE).read_text())

@@ -1,7 +1,7 @@
 """The query encoder's single-request path on onnxruntime: its INT8 quantization (the router's default), ~1.6x
 faster than the fp32 graph with the same held-out top-1 within noise (bench/routing_int8.py,
-reports/routing_experiments.md §29), or the fp32 graph, the same vector as the torch forward pass in about half its
-time (bench/embed_latency.py).
+docs/experiments/routing_experiments.md §29), or the fp32 graph, the same vector as the torch forward pass in about half its
+time (bench/embed_latency.py, retired: docs/experiments/README.md).
 
 Layout: ``query_encoder/onnx/sentence_embedding.onnx`` beside the sentence-transformers files, written by
 training (``export``), and ``sentence_embedding.int8.onnx`` beside it (``quantize``: a SmoothQuant-smoothed copy of
@@ -60,7 +60,7 @@ def quantize(encoder_dir: str | Path, transformer=None, tokenizer=None, texts: S
     smoothed copy first (``smoothed``: exact at fp32), which halves the quantization error of the vectors;
     without, from the fp32 export as it is. Then onnxruntime's pre-processing (graph optimization, shape inference)
     and dynamic quantization with per-channel signed int8 weights (per-tensor unsigned weights lost ~0.5 points
-    more; reports/routing_experiments.md §27). The method is recorded in the graph's metadata (``int8_method``).
+    more; docs/experiments/routing_experiments.md §27). The method is recorded in the graph's metadata (``int8_method``).
     Deterministic for given weights and texts."""
     src = onnx_path(encoder_dir)
     if not src.is_file():

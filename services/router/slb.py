@@ -1,7 +1,7 @@
 """Semantic lookaside buffer (SLB): INT8-quantized tool keys and their top-k scan.
 
 Every tool has one *text key*: the unit-norm embedding of its text (``tool_text``: name with ``_`` read as
-spaces + description, the measured best of the variants in reports/routing_experiments.md). A tool may also
+spaces + description, the measured best of the variants in docs/experiments/routing_experiments.md). A tool may also
 have *exemplar keys*: embeddings of queries known to route to it. A tool's score is
 
     text_sim + exemplar_weight * (pooled exemplar sim, or text_sim + exemplar_gap when the tool has no exemplar)
@@ -14,7 +14,7 @@ grows, so one stray exemplar of a neighbour weighs less than several close ones 
 in for the exemplars a tool registered after training does not have, so it is not ranked below tools with them
 for lacking one. The router takes the weight, temperature and gap its gate model chose on its validation and
 calibration lines (``slb.*``, training's ``calibrate_slb``): the fit and augment requests of every tool, ~4,900 rows
-over 338 tools, lift held-out top-1 at N = 250 from 78 to ~90 % (reports/routing_experiments.md §14-17). A tool may
+over 338 tools, lift held-out top-1 at N = 250 from 78 to ~90 % (docs/experiments/routing_experiments.md §14-17). A tool may
 have an *alternate key* (``set_alt_keys``: another text of the tool, services/router/keys.py); then its
 ``text_sim`` is the max over its two keys. A tool may carry a *bias* (``set_tool_bias``: a calibrated addend fitted
 on its exemplar requests, §18; a tool without one adds 0). ``search`` may add a per-tool ``bonus`` (the lexical

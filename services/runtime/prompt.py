@@ -15,7 +15,7 @@ SYSTEM = (
 )
 # One worked example from a domain no registered tool covers, so its values cannot leak into real calls. It
 # shows copying paths verbatim and words mapped onto an enum and a boolean. (Three examples measured no
-# better on the tuning sample and cost ~200 more tokens of re-prefill: reports/args_experiments.md.)
+# better on the tuning sample and cost ~200 more tokens of re-prefill: docs/experiments/args_experiments.md.)
 # The function comes before the request: without history, everything before the function's signature is
 # the same for every tool and turn, so a tool's compiled KV block (.atb) lands exactly at its compile anchor.
 EXAMPLES = (

@@ -76,7 +76,7 @@ SLB_CALIBRATION_VERSION = "slb-cal-v8"
 # production model of session 5 chose alpha 0.05 for +1.4 points (2 of 144 lines) that no fold reproduced.
 CE_MIN_GAIN = 0.02
 LEXICAL_GRID: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
-# Weights of the pooled exemplar keys (score = key + w * pooled exemplar sims); reports/routing_experiments.md §14
+# Weights of the pooled exemplar keys (score = key + w * pooled exemplar sims); docs/experiments/routing_experiments.md §14
 # found 0.5 and 0.75 on two folds' validation lines. With w > 0 the key is the description key alone and there is no
 # lexical addend (the recipe of §14): searched jointly, the ~100 validation lines of a fold picked noisy mixes of
 # all three (§15: 87.1 % held-out at N = 250), so the alternate key and the lexical weight are searched at w = 0 only.
@@ -86,7 +86,7 @@ EXEMPLAR_GRID: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.
 # Temperatures of the exemplar pooling (slb.pool_exemplars): 0 = the best exemplar alone, T > 0 = log-mean-exp.
 EXEMPLAR_TEMPERATURES: tuple[float, ...] = (0.0, 0.01, 0.02, 0.03, 0.05)
 # L2 strengths of the per-tool bias fit (``fit_tool_bias``), weakest bias first; no bias is tried before all of them.
-# reports/routing_rescore.json: the three folds' calibration lines chose 1, 0.1, 1 (folds 0 and 2: a bias of ~1e-3,
+# docs/experiments/reports/routing_rescore.json: the three folds' calibration lines chose 1, 0.1, 1 (folds 0 and 2: a bias of ~1e-3,
 # i.e. none; fold 1: +1.6 points held-out at N = 250, 15 lines fixed, none broken)
 TOOL_BIAS_MU: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
 # inverse temperature of the softmax the bias is fitted under (the SLB's own, fitted on fold 0's rows: ~6)
@@ -431,7 +431,7 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     beats none (top-1, then MRR; ``tool_bias``, ``tool_bias_mu``, ``by_tool_bias``). Then tau
     (margin percentile) and the cross-encoder weight alpha are re-chosen under that scoring, as ``train_gate``
     does. Every choice is made on the validation and calibration lines together (``cal``); ~100 validation lines
-    alone chose noisy weights (reports/routing_experiments.md §15-16)."""
+    alone chose noisy weights (docs/experiments/routing_experiments.md §15-16)."""
     import torch
     from sentence_transformers import SentenceTransformer
 

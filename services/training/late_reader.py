@@ -19,7 +19,7 @@ computes). It is trained for one gate model, since it reads that model's encoder
 Heads are cached per gate model by what they are trained on (``head_for``); an export records its key
 (``export_key``: the settings, gate.json, the data and the code that makes it) and is kept while the key matches.
 Nothing trains on the query file's lines or the calibration lines. The research around it (distillation, reading
-time, the held-out routing figures) is bench/routing_late_reader.py's; reports/routing_experiments.md §21-§34.
+time, the held-out routing figures) was the retired bench/routing_late_reader.py's (docs/experiments/README.md); docs/experiments/routing_experiments.md §21-§34.
 """
 
 from __future__ import annotations
@@ -55,11 +55,11 @@ from services.router.late_reader import (
 # How the heads are trained, beside HEAD_VERSION (what they are) in their cache key: batches of about the same length
 # (length_batches), each distinct question and request encoded once per batch (logits). A fold head trains in ~21 min
 # on 2 cores instead of ~30 (span 585-743 s vs 889, route 598-627 s vs 900); held out it gains as much within noise
-# (N = 250, 3 folds x 3 draws: 44 fixed / 15 broken vs 45 / 10; reports/routing_experiments.md §33).
+# (N = 250, 3 folds x 3 draws: 44 fixed / 15 broken vs 45 / 10; docs/experiments/routing_experiments.md §33).
 TRAINER = "length-batches-v1"
 
 # 8 span + 2 route epochs: 3 + 1 (~9 min) gained 0.3 points on the production model's choosing lines, under
-# MIN_GAIN, so the stage stayed off; 8 + 2 gains 1.3 (cross-fit 82.34 vs 81.82 %; reports/routing_experiments.md §34)
+# MIN_GAIN, so the stage stayed off; 8 + 2 gains 1.3 (cross-fit 82.34 vs 81.82 %; docs/experiments/routing_experiments.md §34)
 EPOCHS = 8
 ROUTE_EPOCHS = 2
 # the late reader's scores saturate at 2 in the stage's features, not argevidence.CLIP (10): past a couple of logits a
@@ -258,7 +258,7 @@ def tune_with_spans(model, items, batch_loss, examples, qs: dict, cs: dict, epoc
 def distill_head(head, teacher, examples, qs: dict, cs: dict, epochs: int = 2, bs: int = 8, lr: float = 2e-4,
                  seed: int = 0, progress: bool = True, label: str = "late reader (distill)") -> list[float]:
     """Match the slot reader on ``teacher`` ((context, questions, the reader's scores): every span parameter of the
-    SLB's top 4, bench/routing_stated_probe.teacher_pairs): smooth L1 from the head's score (``span_stated``) to the
+    SLB's top 4, the retired bench/routing_stated_probe.py's teacher_pairs): smooth L1 from the head's score (``span_stated``) to the
     reader's clipped one, ``bs`` contexts (all their questions) per step, a span batch of ``examples`` every other
     step so the head keeps its answers. ``qs``/``cs`` must hold the teacher's questions and contexts."""
     import torch
@@ -663,8 +663,8 @@ def fold_late_reader(gate_dir: str | Path, registry, lines, augment, calibration
     """The late reader of one of `nexus eval routing`'s fold models, built as `make setup` builds the production one
     but from the fold's data only: its head's threshold on the tune split of the fold's training ``lines``, the stage
     calibrated on the fold model's validation lines (drawn from ``lines``) + ``calibration``; ``augment`` as
-    production. Written to ``root``/late-readers/<model> (<model>-seed<k> for a ``seed`` k other than 0; heads in ``root``/late-reader-heads, shared with
-    bench/routing_late_reader.py's), kept while its key (the lines, the registry, the model, the code) matches.
+    production. Written to ``root``/late-readers/<model> (<model>-seed<k> for a ``seed`` k other than 0; heads in ``root``/late-reader-heads),
+    kept while its key (the lines, the registry, the model, the code) matches.
     ``settings``: ``build``'s. Returns the directory and ``build``'s summary."""
     gate_dir = Path(gate_dir)
     s = {"epochs": EPOCHS, "route_epochs": ROUTE_EPOCHS, "layers": K, "clip": EXPORT_CLIP,

@@ -129,7 +129,7 @@ def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requ
     monkeypatch.setattr(unseen, "LEXICAL_GATE_GRID", (0.0, 0.5))  # two weights: the mechanics
     rep = unseen.evaluate(str(queries), str(tools), str(out), sizes="5,all", k=2, draws=1, derived=str(derived),
                           gate=True, models_root=str(tmp_path / "models"), hp=hp, progress=False)
-    assert {"gate", "gate+lexical", "gate+derived", "derived"} <= set(rep["arms"])
+    assert {"gate", "gate+lexical", "gate+derived", "derived", "alt_key+lexical(derived doc)"} <= set(rep["arms"])
     n = sum(1 for x in queries.read_text().splitlines() if x.strip())
     assert rep["arms"]["gate"]["all"]["n_line_draws"] == n == rep["arms"]["gate+derived"]["all"]["n_line_draws"]
     folds = rep["protocol"]["folds"]

@@ -1,7 +1,7 @@
 """The late reader as the stage's reader (services/router/late_reader.py): a saved directory loads for the real gate
 model and reads the router's own pass, what it cannot trust is refused with the reason, and a real router escalates
 through it. The head here is untrained (seeded): these tests check the mechanics; its reading quality is
-bench/routing_late_reader.py's."""
+`nexus eval routing`'s (each fold model with its own late reader; make eval)."""
 
 import json
 import logging
@@ -202,7 +202,7 @@ def test_an_int8_router_reads_the_late_readers_int8_graph(saved, tmp_path, all_t
     assert lr.load(quant, fp32.gate, precision="fp32").encoder.precision == "fp32"
     caplog.clear()
     assert lr.load(saved, r8.gate, precision="int8").encoder.precision == "fp32"
-    assert any(lr.INT8_GRAPH_FILE in r.getMessage() and "--quantize" in r.getMessage()
+    assert any(lr.INT8_GRAPH_FILE in r.getMessage() and "add_int8" in r.getMessage()
                for r in caplog.records if r.levelno == logging.WARNING)
 
 
