@@ -5,9 +5,8 @@ SHELL := /bin/bash
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip --disable-pip-version-check
-SHARED  ?= ../shared
-TOOLS   ?= $(SHARED)/data/mcp_tools
-QUERIES ?= $(SHARED)/data/queries/train.jsonl
+TOOLS   ?= data/mcp_tools
+QUERIES ?= data/queries/train.jsonl
 JOBS    ?= 2
 
 export HF_HUB_OFFLINE := 1
@@ -108,7 +107,7 @@ var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/
 # $(MODEL_CACHE)/late-reader-heads). Kept while its export key (settings, gate.json, data, code) matches; written
 # beside the old one and swapped in. NEXUS_ROUTER_ARG_EVIDENCE=false routes without it.
 # 8 + 2 epochs: 3 + 1 (~9 min) gained 0.3 points on the choosing lines, under MIN_GAIN, so the stage stayed off
-# (cross-fit 81.57 vs 81.82 % SLB); 8 + 2 gains 1.3 (cross-fit 82.34 %; reports/routing_experiments.md §34).
+# (cross-fit 81.57 vs 81.82 % SLB); 8 + 2 gains 1.3 (cross-fit 82.34 %; docs/experiments/routing_experiments.md §34).
 LATE_EPOCHS ?= 8
 LATE_ROUTE_EPOCHS ?= 2
 # (Makefile: a change of LATE_EPOCHS reaches the export key; anything else there keeps the reader in ~10 s)

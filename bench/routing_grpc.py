@@ -1,6 +1,6 @@
 """Route latency over gRPC at N = 338 (the whole registry), embedding and gate included, arms side by side.
 
-    .venv/bin/python bench/routing_grpc.py --tools ../shared/data/mcp_tools --queries ../shared/data/queries/train.jsonl \
+    .venv/bin/python bench/routing_grpc.py --tools data/mcp_tools --queries data/queries/train.jsonl \
         --gate var/models/gate --json reports/routing_grpc.json
 
 Starts one real router process per arm (``python -m services.cli serve router``) on a free port over a

@@ -1,6 +1,6 @@
 """Check hand-written request lines against the tool registry (``data/routing_augment``).
 
-    python data/check_augment.py DIR_OR_FILE [--tools ../shared/data/mcp_tools] [--per-tool N] [--prefix a-]
+    python data/check_augment.py DIR_OR_FILE [--tools data/mcp_tools] [--per-tool N] [--prefix a-]
 
 Every line must parse, name a registry tool of its ``server``, carry a unique id, and its ``args`` must be
 ``inputSchema`` properties whose values validate against the schema (``required`` lifted: a request may leave
@@ -142,7 +142,7 @@ def check_lines(files: list[Path], registry: dict[str, dict[str, dict]], per_too
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", help="a .jsonl file or a directory of them")
-    ap.add_argument("--tools", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mcp_tools"))
+    ap.add_argument("--tools", default=str(Path(__file__).resolve().parent / "mcp_tools"))
     ap.add_argument("--per-tool", type=int, default=0, help="expected lines per tool of each server present")
     ap.add_argument("--prefix", default="", help="every id starts with this")
     a = ap.parse_args(argv)

@@ -33,11 +33,8 @@ DEFAULT_PORTS = {"router": 50051, "compiler": 50052, "engine": 50053}
 
 
 def _default_tools_dir() -> str:
-    for cand in (os.environ.get("NEXUS_TOOLS_DIR", ""), "../shared/data/mcp_tools",
-                 str(Path(__file__).resolve().parents[2] / "shared/data/mcp_tools")):
-        if cand and Path(cand).is_dir():
-            return cand
-    return "../shared/data/mcp_tools"
+    """The default registry: $NEXUS_TOOLS_DIR, else the checkout's data/mcp_tools (338 tools of 23 MCP servers)."""
+    return os.environ.get("NEXUS_TOOLS_DIR", "") or str(Path(__file__).resolve().parents[1] / "data" / "mcp_tools")
 
 
 def _config_for(service: str, args: argparse.Namespace):

@@ -21,14 +21,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _shared_dir() -> Path:
-    for cand in (os.environ.get("NEXUS_SHARED", ""), REPO.parent / "shared", REPO / "../shared"):
-        if cand and (Path(cand) / "data" / "mcp_tools").is_dir():
-            return Path(cand).resolve()
-    raise RuntimeError("shared/data/mcp_tools not found beside the repo (set NEXUS_SHARED)")
-
-
-SHARED = _shared_dir()
 
 
 def load_bench(name: str):
@@ -39,8 +31,8 @@ def load_bench(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-TOOLS_DIR = SHARED / "data" / "mcp_tools"
-QUERIES = SHARED / "data" / "queries" / "train.jsonl"
+TOOLS_DIR = REPO / "data" / "mcp_tools"  # the default registry lives in the checkout (data/README.md)
+QUERIES = REPO / "data" / "queries" / "train.jsonl"
 
 
 @pytest.fixture(scope="session")

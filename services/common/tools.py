@@ -93,7 +93,7 @@ def parse_tool(raw: str | bytes | dict[str, Any]) -> Tool:
 
 
 def load_registry_dir(path: str) -> list[Tool]:
-    """Load every tool from a directory of registry files like ``shared/data/mcp_tools``
+    """Load every tool from a directory of registry files like ``data/mcp_tools``
     (``{"server", "tools": [...]}``) or plain lists of tools."""
     import pathlib
 

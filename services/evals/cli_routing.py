@@ -91,7 +91,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                               description=(__import__("services.evals.routing", fromlist=["x"]).__doc__ or ""),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--queries", required=True, help="JSONL of {id, tool, query, args, history}")
-    p.add_argument("--tools", required=True, help="registry directory (like shared/data/mcp_tools)")
+    p.add_argument("--tools", required=True, help="registry directory (like data/mcp_tools)")
     p.add_argument("--sizes", default="10,50,100,250,all", help="registry sizes, comma-separated ('all' allowed)")
     p.add_argument("--json", required=True, dest="out", help="report JSON (the PNG plot is written beside it)")
     p.add_argument("--plot", default=None, help="PNG path (default: OUT with .png)")
@@ -179,7 +179,7 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
 def add_train_gate_parser(subparsers) -> argparse.ArgumentParser:
     """``train-gate`` at the top level: train (or keep the cached) gate model the router loads."""
     p = subparsers.add_parser("train-gate", help="train the router's query encoder + cross-encoder gate")
-    p.add_argument("--queries", required=True, help="training JSONL (shared/data/queries/train.jsonl)")
+    p.add_argument("--queries", required=True, help="training JSONL (data/queries/train.jsonl)")
     p.add_argument("--tools", required=True, help="registry directory the queries route over")
     p.add_argument("--out", default="var/models/gate",
                    help="model directory (RouterConfig.gate_model_dir); kept when its data hash matches")

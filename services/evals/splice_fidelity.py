@@ -40,7 +40,7 @@ DELTAS = (0, 16, 64, 256, 512, 1024, 2048)
 QUICK_DELTAS = (0, 64, 512, 2048)
 ARMS = ("anchored", "bare", "no_reanchor", "scattered", "suffix", "exact")
 PRELUDE = "<|im_start|>system\nYou are a tool-calling assistant. Available tools:\n"
-DEFAULT_TOOLS = "/work/shared/data/mcp_tools"
+DEFAULT_TOOLS = str(Path(__file__).resolve().parents[2] / "data" / "mcp_tools")
 
 
 @dataclass

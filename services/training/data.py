@@ -1,6 +1,6 @@
 """Routing data: query lines, their per-tool slot, equivalence groups and per-query registries.
 
-The query file (``shared/data/queries/train.jsonl``) holds ~3 lines per tool in registry order. A line's
+The query file (``data/queries/train.jsonl``) holds ~3 lines per tool in registry order. A line's
 *slot* is its index among its tool's lines (0 = worded close to the description, 1 = paraphrase,
 2 = terse / multi-turn); folds are made by slot so every tool keeps its other lines for training.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from services.common.errors import InvalidArgument
 from services.common.tools import Tool, parse_tool
 
-# Tools that duplicate each other exactly (shared/data/queries/README.md): a query written for one of them is
+# Tools that duplicate each other exactly (data/queries/README.md): a query written for one of them is
 # correctly routed to any member of its group.
 EQUIVALENCE_GROUPS: tuple[frozenset[str], ...] = (
     frozenset({"read_file", "read_text_file"}),
@@ -110,7 +110,7 @@ class Registry:
 
 
 def load_registry(path: str | Path) -> Registry:
-    """Load ``{"server", "tools": [...]}`` files (like ``shared/data/mcp_tools``), keeping each tool's server."""
+    """Load ``{"server", "tools": [...]}`` files (like ``data/mcp_tools``), keeping each tool's server."""
     root = Path(path)
     if not root.is_dir():
         raise InvalidArgument(f"tool directory not found: {path}")

@@ -712,7 +712,7 @@ def train_late_reader(out: str | Path, *, gate: str | Path, tools: str | Path, q
                        ("augment lines", Path(augment)), ("calibration lines", Path(calibration))):
         if not path.exists():
             raise InvalidArgument(f"{what}: no {path} (`make setup` trains the gate model; the data is "
-                                  f"../shared/data and data/)")
+                                  f"data/)")
     key = files_key(gate, tools, queries, augment, calibration,
                     seed_settings([epochs, route_epochs, layers, clip, enum_words], seed))
     if not retrain and export_current(out, key):

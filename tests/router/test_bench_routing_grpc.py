@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, SHARED
+from tests.conftest import REPO
 
 GATE = REPO / "var" / "models" / "gate"
 LATE = REPO / "var" / "models" / "late_reader"
@@ -16,7 +16,7 @@ LATE = REPO / "var" / "models" / "late_reader"
 
 def _run(tmp_path, *extra):
     return subprocess.run([sys.executable, str(REPO / "bench" / "routing_grpc.py"), "--tools",
-                           str(SHARED / "data" / "mcp_tools"), "--queries", str(SHARED / "data" / "queries" / "train.jsonl"),
+                           str(REPO / "data" / "mcp_tools"), "--queries", str(REPO / "data" / "queries" / "train.jsonl"),
                            "--gate", str(GATE), "--json", str(tmp_path / "rg.json"), *extra],
                           capture_output=True, text=True, timeout=900, cwd=REPO)
 

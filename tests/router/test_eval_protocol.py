@@ -16,10 +16,10 @@ from services.training.data import (
     parse_sizes,
     query_registry,
 )
-from tests.conftest import SHARED
+from tests.conftest import REPO
 
-QUERIES = SHARED / "data" / "queries" / "train.jsonl"
-TOOLS = SHARED / "data" / "mcp_tools"
+QUERIES = REPO / "data" / "queries" / "train.jsonl"
+TOOLS = REPO / "data" / "mcp_tools"
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_draws_are_independent_and_the_first_is_the_single_draw(data):
     lines, registry = data
     assert registries_for(lines[:50], ["10"], registry, 0, draw=0) == registries_for(lines[:50], ["10"], registry, 0)
     assert registries_for(lines[:50], ["10"], registry, 0, draw=1) != registries_for(lines[:50], ["10"], registry, 0)
-    q, t = str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools")
+    q, t = str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools")
     proto = load_protocol(q, t, "10", draws=2)
     assert len(proto.draw_regs) == 2 and proto.draw_regs[0] == proto.regs != proto.draw_regs[1]
     with pytest.raises(ValueError, match="draws"):
@@ -146,7 +146,7 @@ def test_concat_prompt_holds_every_schema_and_grammar_only_names(data):
 def test_load_protocol_is_the_evaluations_folds_and_registries():
     from services.evals.routing import load_protocol
 
-    q, t = str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools")
+    q, t = str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools")
     proto = load_protocol(q, t, "10,all")
     assert proto.sizes == ["10", "all"] and len(proto.fold_of) == len(proto.lines) == 962
     assert proto.regs == registries_for(proto.lines, ["10", "all"], proto.registry, 0)
@@ -200,7 +200,7 @@ def test_extra_lines_keep_the_registered_tools_only(tmp_path):
 
     from services.evals.routing import load_protocol
 
-    q, t = str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools")
+    q, t = str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools")
     proto = load_protocol(q, t, "10")
     rows = [{"id": "x1", "tool": proto.registry.names[0], "query": "a", "args": {}, "history": []},
             {"id": "x2", "tool": "no_such_tool", "query": "b", "args": {}, "history": []}]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import REPO, SHARED
+from tests.conftest import REPO
 
 
 def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_changed(tmp_path, monkeypatch):
@@ -14,7 +14,7 @@ def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_c
     from services.training import late_reader as late_training
 
     gate, late = REPO / "var" / "models" / "gate", REPO / "var" / "models" / "late_reader"
-    lines = [json.loads(x) for x in (SHARED / "data" / "queries" / "train.jsonl").read_text().splitlines()[:24]]
+    lines = [json.loads(x) for x in (REPO / "data" / "queries" / "train.jsonl").read_text().splitlines()[:24]]
     queries = tmp_path / "q.jsonl"
     queries.write_text("".join(json.dumps(x) + "\n" for x in lines))
     asked = []
@@ -35,14 +35,14 @@ def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_c
     earlier.write_text(json.dumps({"protocol": {"seed": 0, "sizes": ["10", "all"], "draws": 1, "n_lines": 24},
                                    "generalization": {"server": server, "n": 5, "sizes": {"10": {"accuracy": 0.5}},
                                                       "same_lines_k_fold": "the earlier run's"}}))
-    rep = evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10,all", str(tmp_path / "r.json"),
+    rep = evaluate(str(queries), str(REPO / "data" / "mcp_tools"), "10,all", str(tmp_path / "r.json"),
                    holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
                    late_reader=True, generalization_from=str(earlier))
     gen = rep["generalization"]
     assert gen["reused_from"] == str(earlier) and gen["sizes"] == {"10": {"accuracy": 0.5}}
     assert gen["same_lines_k_fold"]["10"]["n"] == sum(x["server"] == server for x in lines)  # this run's figures
     with pytest.raises(ValueError, match="protocol"):
-        evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10", str(tmp_path / "g.json"),
+        evaluate(str(queries), str(REPO / "data" / "mcp_tools"), "10", str(tmp_path / "g.json"),
                  holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
                  late_reader=True, generalization_from=str(earlier))
     assert rep["protocol"]["second_stage"] == "late reader per fold"
@@ -58,7 +58,7 @@ def test_each_fold_routes_with_its_own_late_reader_and_the_report_says_what_it_c
         assert r["accuracy"] * 24 == pytest.approx(r["slb_top1"] * 24 + flips)
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="one of them"):
-        evaluate(str(queries), str(SHARED / "data" / "mcp_tools"), "10", str(tmp_path / "s.json"),
+        evaluate(str(queries), str(REPO / "data" / "mcp_tools"), "10", str(tmp_path / "s.json"),
                  holdout_server="", skip_concat=True, progress=False, augment="", calibration="",
                  late_reader=True, slots=str(REPO / "var" / "models" / "slots"))
 
@@ -73,7 +73,7 @@ def test_the_benches_stage_arms_route_as_each_stage_alone_and_leave_the_routers_
     from services.common.store import LocalStore
     from services.evals.routing import _open_router, load_protocol, route_lines, route_stage_arms
 
-    proto = load_protocol(str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools"),
+    proto = load_protocol(str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools"),
                           "10,all", draws=2)
     store = LocalStore(str(tmp_path))
     store.registry_put(list(proto.registry.tools))
@@ -110,7 +110,7 @@ def test_held_out_benches_build_each_folds_reader_per_seed_from_its_own_lines(mo
     from services.evals.routing import held_out_late_readers, load_protocol
     from services.training import late_reader as late_training
 
-    proto = load_protocol(str(SHARED / "data" / "queries" / "train.jsonl"), str(SHARED / "data" / "mcp_tools"), "10")
+    proto = load_protocol(str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools"), "10")
     asked = []
 
     def fold_late_reader(gate, registry, train, augment, calibration, root, progress=True, seed=0):

@@ -27,7 +27,7 @@ from services.training.gate import (
     setting_name,
     train_gate,
 )
-from tests.conftest import SHARED
+from tests.conftest import REPO
 
 SERVERS = {"time", "redis"}
 HP = GateHyperParams(seed=3, q_epochs=1, ce_epochs=1, q_batch=16, ce_batch_groups=16, val_fraction=0.25,
@@ -43,9 +43,9 @@ def _weights_digest(path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    registry = load_registry(SHARED / "data" / "mcp_tools")
+    registry = load_registry(REPO / "data" / "mcp_tools")
     tools = [t for t in registry.tools if registry.server_of[t.name] in SERVERS]
-    lines = [ln for ln in load_queries(SHARED / "data" / "queries" / "train.jsonl") if ln.server in SERVERS]
+    lines = [ln for ln in load_queries(REPO / "data" / "queries" / "train.jsonl") if ln.server in SERVERS]
     root = tmp_path_factory.mktemp("gate")
     doc = train_gate(lines, tools, root / "a", HP, equivalents=equivalents, progress=False)
     return {"tools": tools, "lines": lines, "root": root, "doc": doc, "gate": root / "a"}

@@ -468,13 +468,13 @@ def test_make_setups_late_reader_is_the_one_the_commands_defaults_describe():
     import json
 
     from services.router.late_reader import META_FILE, K
-    from tests.conftest import REPO, SHARED
+    from tests.conftest import REPO
 
     out = REPO / "var" / "models" / "late_reader"
     doc = json.loads((out / META_FILE).read_text())
     lt = late_training
-    key = lt.files_key(REPO / "var" / "models" / "gate", SHARED / "data" / "mcp_tools",
-                       SHARED / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment",
+    key = lt.files_key(REPO / "var" / "models" / "gate", REPO / "data" / "mcp_tools",
+                       REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment",
                        REPO / "data" / "routing_calibration",
                        [lt.EPOCHS, lt.ROUTE_EPOCHS, K, lt.EXPORT_CLIP, lt.EXPORT_ENUM_WORDS])
     assert doc["export_key"] == key and lt.export_current(str(out), key)
