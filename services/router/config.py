@@ -54,20 +54,24 @@ class RouterConfig(TransportSecurity):
     # gate model chose on its validation + calibration lines (slb.exemplar_weight in gate.json, pooled at its
     # slb.exemplar_temperature), 0 = text keys only.
     exemplar_weight: float = -1.0
-    # Derived keys (services/compiler/derive.py): a tool with no trained exemplar keys (every tool a user registers)
-    # gets the embeddings of the requests the compiler's generator derived from it, once they are in the store;
-    # until then it routes on its text key. derived_fingerprint: the generator whose requests are read ('' = the
-    # default generator, the pinned GGUF of models/gguf.json). Without a gate model they are pooled with
-    # derived_weight / derived_temperature (chosen on the unseen-tools protocol, reports/routing_unseen.json); with one,
-    # as its exemplar keys are.
+    # Derived keys (services/compiler/derive.py), off by default: when on, a tool with no trained exemplar keys
+    # (every tool a user registers) gets the embeddings of the requests the compiler's generator derived from it,
+    # once they are in the store (ListTools: pending -> derived); until then it routes on its text key. Measured on
+    # the unseen-tools protocol (reports/routing_unseen.json, N = 250, all-MiniLM-L6-v2): as dense keys they gain
+    # nothing outside noise (49.0 -> 49.6 %, 166 fixed / 149 broken line-draws, p = 0.37; with all-mpnet-base-v2
+    # +3.1 points, but mpnet's own dense figure is no better than MiniLM's at ~5x the cost), so they stay off and
+    # a registration costs the compiler host no generation. derived_fingerprint: the generator whose requests are
+    # read ('' = the default generator, the pinned GGUF of models/gguf.json). Without a gate model they are pooled
+    # with derived_weight / derived_temperature (the setting every fold chose on the other folds); with one, as its
+    # exemplar keys are.
     # Weight of the BM25 score of the request over each tool's name, parameters and first sentence
     # (services/router/keys.py) added to the SLB score: negative = the gate model's calibrated slb.lexical_weight
     # (0 without a gate model).
     lexical_weight: float = -1.0
-    derived_keys: bool = True
+    derived_keys: bool = False
     derived_fingerprint: str = ""
-    derived_weight: float = 1.0
-    derived_temperature: float = 0.05
+    derived_weight: float = 0.5
+    derived_temperature: float = 0.0
     # Use the native INT8 scan (nexus_native) when importable; else the numpy reference.
     native_scan: bool = True
     # How the router reaches a secured compiler: CA to trust (turns TLS on), client cert + key (mTLS), token.

@@ -82,7 +82,7 @@ class GateModel:
     and the two cores are better spent on one forward pass at a time)."""
 
     def __init__(self, path: str | Path, threads: int = 2, precision: str = "fp32"):
-        from sentence_transformers import CrossEncoder, SentenceTransformer
+        from sentence_transformers import SentenceTransformer
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         set_threads(threads)
@@ -102,9 +102,8 @@ class GateModel:
                              tool_schemas={str(k): str(v) for k, v in (doc.get("tool_schemas") or {}).items()})
         self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
         self.query_encoder.eval()
-        self.cross_encoder = CrossEncoder(str(root / "cross_encoder"), device="cpu",
-                                          max_length=int(doc.get("ce_max_len", 96)))
-        self.cross_encoder.model.eval()
+        self._ce_path, self._ce_max_len = root / "cross_encoder", int(doc.get("ce_max_len", 96))
+        self._ce = None  # the CrossEncoder, loaded at its first use: with alpha = 0 it is never used
         self._lock = threading.Lock()
         self._single = _single_query_path(self.query_encoder)
         self.onnx: onnx_encoder.OnnxQueryEncoder | None = None
@@ -186,14 +185,28 @@ class GateModel:
             v = torch.nn.functional.normalize(v, dim=0)
         return np.ascontiguousarray(v.numpy(), dtype=np.float32)
 
+    @property
+    def cross_encoder(self):
+        """The cross-encoder, loaded on first use (a router whose gate has alpha = 0 never loads it)."""
+        if self._ce is None:
+            from sentence_transformers import CrossEncoder
+
+            with self._lock:
+                if self._ce is None:
+                    ce = CrossEncoder(str(self._ce_path), device="cpu", max_length=self._ce_max_len)
+                    ce.model.eval()
+                    self._ce = ce
+        return self._ce
+
     def ce_scores(self, query_text: str, tool_texts: list[str]) -> np.ndarray:
         """Cross-encoder logits of ``(query, tool)`` pairs."""
         if not tool_texts:
             return np.zeros(0, np.float32)
         import torch
 
+        ce = self.cross_encoder
         with self._lock, torch.inference_mode():
-            s = self.cross_encoder.predict([(query_text, t) for t in tool_texts], batch_size=len(tool_texts),
+            s = ce.predict([(query_text, t) for t in tool_texts], batch_size=len(tool_texts),
                                            show_progress_bar=False, convert_to_numpy=True,
                                            activation_fn=torch.nn.Identity())
         return np.asarray(s, np.float32).reshape(-1)

@@ -120,9 +120,11 @@ class Router:
             log.info("gate model loaded", extra={"path": info.path, "tau": info.tau, "alpha": info.alpha,
                                                  "ce_top_k": info.ce_top_k, "alt_keys": info.alt_keys,
                                                  "lexical_weight": info.lexical_weight})
-            # warm both models so the first request does not pay for lazy initialisation
+            # warm what routes so the first request does not pay for lazy initialisation; the cross-encoder only
+            # when it can change a decision (alpha > 0): otherwise it is never loaded
             self.gate.embed_query("warm up")
-            self.gate.ce_scores("warm up", ["warm up"])
+            if info.alpha > 0:
+                self.gate.ce_scores("warm up", ["warm up"])
             if info.alpha <= 0 and self.arg_evidence is None:
                 log.warning("gate model %s: validation gave the cross-encoder weight alpha=0, so it never changes a "
                             "decision, and no argument-evidence stage is on; escalation is off (SLB with the tuned "

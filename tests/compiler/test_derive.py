@@ -152,7 +152,7 @@ def test_registered_tools_route_at_once_and_get_derived_keys_in_the_background(t
 
     store_url = str(tmp_path / "store")
     compiler = start_compiler(store_url, derive=True, derive_parallel=2, derive_threads=2)
-    router = start_router(store_url, compiler.addr, gate_model_dir="", arg_evidence=False)
+    router = start_router(store_url, compiler.addr, gate_model_dir="", arg_evidence=False, derived_keys=True)
     other = {"name": "shop_list_orders", "description": "List a customer's recent orders.",
              "inputSchema": {"type": "object", "properties": {"customer_email": {"type": "string"}}}}
     try:

@@ -24,6 +24,7 @@ def embedder():
 
 
 def _router(store, embedder, **kw):
+    kw = {"derived_keys": True, **kw}
     cfg = RouterConfig(store_url=str(store.root), gate_model_dir="", native_scan=False, derived_fingerprint=FP, **kw)
     r = Router(cfg, store, embedder)
     asyncio.run(r.sync(force=True))
