@@ -167,7 +167,8 @@ DERIVED_PAIRS = (("derived", "dense"), ("derived+alt+lexical", "alt_key+lexical"
 
 
 def evaluate(queries: str, tools: str, out_json: str, *, sizes: str = "10,50,100,250,all", k: int = 4,
-             seed: int = 0, draws: int = 3, derived: str = "", weights: Sequence[float] = (0.5, 1.0, 2.0, 5.0),
+             seed: int = 0, draws: int = 3, derived: str = "",
+             weights: Sequence[float] = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
              temperatures: Sequence[float] = (0.0, 0.05, 0.2), choose_size: str = "",
              progress: bool = True, gate: bool = False, augment: str = "", calibration: str = "",
              models_root: str = "var/models", hp: Any = None, embedder: str = "") -> dict[str, Any]:
