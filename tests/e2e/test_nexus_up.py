@@ -109,6 +109,34 @@ def test_the_compiler_takes_the_hosts_cores_for_the_kv_blocks(nexus_up):
     assert [ln["threads"] for ln in lines if ln.get("msg") == "KV blocks"] == [want]
 
 
+def readme_grpcurl_lines() -> list[str]:
+    """Every grpcurl command in README.md's bash blocks, continuation lines joined."""
+    text = (REPO / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```bash\n")[1:]]
+    out = []
+    for block in blocks:
+        for cmd in block.replace("\\\n", " ").splitlines():
+            if cmd.strip().startswith("grpcurl "):
+                out.append(cmd.strip())
+    return out
+
+
+def test_every_grpcurl_line_of_the_readme_runs(nexus_up, grpcurl):
+    """The README's grpcurl lines, verbatim but for the ports: each one succeeds against the running cluster (the
+    RegisterTools line registers a new tool, so this runs after the tests that count the registry)."""
+    import shlex
+
+    ports, _, _, _ = nexus_up
+    lines = readme_grpcurl_lines()
+    assert len(lines) >= 5 and any("RegisterTools" in ln for ln in lines)
+    for line in lines:
+        line = line.replace("127.0.0.1:50051", f"127.0.0.1:{ports['router']}").replace(
+            "127.0.0.1:50053", f"127.0.0.1:{ports['engine']}")
+        argv = shlex.split(line)
+        out = subprocess.run([grpcurl, *argv[1:]], capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, (line, out.stderr[-2000:])
+
+
 def test_sigint_stops_every_service(nexus_up):
     """Runs last: Ctrl-C stops the cluster gracefully and frees every port."""
     import socket
