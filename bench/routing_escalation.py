@@ -5,7 +5,7 @@
 The stage escalates a request when the SLB's top-1 - top-2 margin is under ``tau``, chosen by the calibration as a
 quantile (0.1 / 0.2 / 0.3) of the margins of the model's choosing lines (validation + calibration lines over the
 full registry). Those lines are harder than new requests: held out the default router escalates 13.5 % at N = 250
-(reports/routing_experiments.md §35) against the issue's 15-25 %. This bench routes the evaluation's held-out lines
+(docs/experiments/routing_experiments.md §35) against the issue's 15-25 %. This bench routes the evaluation's held-out lines
 with each fold model and its own late reader (`nexus eval routing`'s, cached under ``--models-root/late-readers``,
 built when missing; ``--late-seed`` k: the head trained with seed k, bench/routing_late_seeds.py's) with ``tau``
 scaled by each of ``--scales`` (0: the stage off; 1: as calibrated), everything else as calibrated, interleaved line

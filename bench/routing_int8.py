@@ -28,11 +28,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from routing_fold_reports import sign_test  # noqa: E402
 
 from services.evals.routing_models import prepare_training_env  # noqa: E402
+from services.evals.stats import sign_test  # noqa: E402
 
 ARMS = ("fp32", "int8", "int8-plain")
 PRECISION = {"fp32": "fp32", "int8": "int8", "int8-plain": "int8"}
