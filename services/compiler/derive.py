@@ -311,14 +311,9 @@ class RequestGenerator:
         return tokens
 
     def prompt_tokens(self, tool: Tool, settings: DeriveSettings | None = None) -> list[int]:
-        text = self._format(messages=messages(tool, settings or self.settings)).prompt
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        out = (self._ll.llama_token * cap)()
-        n = self._ll.llama_tokenize(self.vocab, data, len(data), out, cap, False, True)
-        if n < 0:
-            raise ValueError("prompt tokenization overflow")
-        return list(out[:n])
+        from services.runtime.splice import tokenize
+
+        return tokenize(self._ll, self.vocab, self._format(messages=messages(tool, settings or self.settings)).prompt)
 
     def _decode(self, items: list[tuple[int, int, int, bool]]) -> None:
         """Decode ``(token, pos, seq, want logits)`` items in batches of 512."""

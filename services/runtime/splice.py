@@ -100,6 +100,17 @@ def uma_check(backend: str) -> UmaVerdict:
                                    "a strided host-to-device KV copy is declined, text prefill")
 
 
+def tokenize(ll: Any, vocab: Any, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
+    """``text``'s tokens in a llama.cpp ``vocab`` (``ll`` = the llama_cpp module)."""
+    data = text.encode("utf-8")
+    cap = len(data) + 16
+    out = (ll.llama_token * cap)()
+    n = ll.llama_tokenize(vocab, data, len(data), out, cap, add_bos, special)
+    if n < 0:
+        raise InvalidArgument("tokenization overflow")
+    return list(out[:n])
+
+
 def detect_backend(n_gpu_layers: int = 0) -> str:
     """The back-end the KV cache lives on for this process/config: "CPU" unless layers are offloaded
     to a GPU, then "Metal" on macOS and "GPU" (discrete) elsewhere."""
@@ -205,13 +216,7 @@ class SpliceContext:
 
     # -- basic ops ------------------------------------------------------------------------------------
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        cap = len(data) + 16
-        out = (self._ll.llama_token * cap)()
-        n = self._ll.llama_tokenize(self.vocab, data, len(data), out, cap, add_bos, special)
-        if n < 0:
-            raise InvalidArgument("tokenization overflow")
-        return list(out[:n])
+        return tokenize(self._ll, self.vocab, text, add_bos=add_bos, special=special)
 
     def decode(self, tokens: Sequence[int], pos0: int, seq: int = LIVE_SEQ) -> None:
         """Decode tokens at pos0.. into a sequence, in n_batch chunks; keeps the last position's logits."""
