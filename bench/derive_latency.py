@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--registry", default=str(REPO.parent / "shared" / "data" / "mcp_tools"))
+    ap.add_argument("--registry", default=str(REPO / "data" / "mcp_tools"))
     ap.add_argument("--tools", type=int, default=50)
     ap.add_argument("--parallel", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
            for t in picked]
     with tempfile.TemporaryDirectory(prefix="nexus-derive-bench-") as tmp:
         compiler = start_compiler(tmp, derive=True, derive_parallel=a.parallel, derive_threads=a.threads)
-        router = start_router(tmp, compiler.addr, gate_model_dir="", arg_evidence=False)
+        router = start_router(tmp, compiler.addr, gate_model_dir="")
         try:
             with NexusClient(router=router.addr, timeout_s=600) as client:
                 t0 = time.monotonic()

@@ -37,7 +37,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 REPORTS = ROOT / "reports"
-SHARED = Path(os.environ.get("NEXUS_SHARED", ROOT.parent / "shared"))
+DATA = ROOT / "data"  # the default registry and the query file (data/README.md)
 
 
 def free_port() -> int:
@@ -49,14 +49,14 @@ def free_port() -> int:
 def pick_tools(n: int):
     from services.common.tools import load_registry_dir
 
-    tools = load_registry_dir(str(SHARED / "data" / "mcp_tools"))
+    tools = load_registry_dir(str(DATA / "mcp_tools"))
     step = max(1, len(tools) // n)
     return tools[::step][:n]
 
 
 def pick_queries(names: set[str]) -> list[tuple[str, str]]:
     out = []
-    for line in (SHARED / "data" / "queries" / "train.jsonl").read_text().splitlines():
+    for line in (DATA / "queries" / "train.jsonl").read_text().splitlines():
         q = json.loads(line)
         if q["tool"] in names:
             out.append((q["query"], q["tool"]))
@@ -79,13 +79,13 @@ class Cluster:
         return f"127.0.0.1:{self.ports[s]}"
 
     def start(self) -> None:
-        from services.cli import wait_healthy
+        from cli.main import wait_healthy
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for s in ("compiler", "engine", "router"):
             log = open(self.log_dir / f"{s}.log", "wb")  # noqa: SIM115 - the child's for its lifetime
             self.procs[s] = subprocess.Popen(
-                [sys.executable, "-m", "services.cli", "serve", s, "--port", str(self.ports[s]),
+                [sys.executable, "-m", f"services.{s}", "--port", str(self.ports[s]),
                  "--store", str(self.store)], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         for s, p in self.procs.items():
             wait_healthy(self.addr(s), timeout_s=300, proc=p)

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.evals.routing_models import prepare_training_env  # noqa: E402
+from evals.routing_models import prepare_training_env  # noqa: E402
 
 VERDICTS = ("decidable", "ambiguous", "label_questionable", "unlabelled")
 ESCALATE = (0.15, 0.2, 0.25)  # the escalation band and its middle
@@ -214,7 +214,7 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import checked_folds, held_out_parser
+    from evals.routing import checked_folds, held_out_parser
 
     ap = held_out_parser(__doc__, "reports/routing_errors.json")
     ap.add_argument("--precision", choices=("fp32", "int8"), default=None,
@@ -227,9 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tqdm import tqdm
 
+    from evals.routing import _open_router, fold_model_dirs, load_protocol, route_lines, write_report
     from services.common.embedder import Embedder
     from services.common.store import LocalStore
-    from services.evals.routing import _open_router, fold_model_dirs, load_protocol, route_lines, write_report
     from services.router.config import RouterConfig
 
     precision = a.precision or RouterConfig().query_encoder_precision

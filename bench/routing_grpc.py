@@ -3,20 +3,16 @@
     .venv/bin/python bench/routing_grpc.py --tools data/mcp_tools --queries data/queries/train.jsonl \
         --gate var/models/gate --json reports/routing_grpc.json
 
-Starts one real router process per arm (``python -m services.cli serve router``) on a free port over a
+Starts one real router process per arm (``python -m services.router``) on a free port over a
 directory store pre-filled with the registry (no compiler needed: the router embeds missing tool keys itself),
 waits for SERVING, then sends every query line to each arm in turn (interleaved request by request, the arm
 order alternating, ``--repeats`` passes), and reports client-side round-trip latency percentiles, the
 server-measured ``route_ms`` and the escalation rate per arm, the ratio of their p50s, and a PNG of the
 latency distributions. Arms (``--arms``): ``model`` (the router as it starts by default: the gate model with exemplar
-keys at its validation-chosen weight and its argument-evidence stage on, reading with the late reader at
-var/models/late_reader), ``off`` (the same with the stage off, ``NEXUS_ROUTER_ARG_EVIDENCE=false``), ``text`` (the
-stage off and ``exemplar_weight = 0``: text keys only, the scan over 338 rows instead of ~5,000), ``staged`` (the stage
-reading with the ``--slots`` reader, ``NEXUS_ROUTER_LATE_READER_DIR=''``), ``late`` (the stage with the late reader at
-``--late-reader``, services/router/late_reader.py, and the calibration it carries; at the default precision, int8,
-the reader's INT8 states graph embeds when it has one), ``late-fp32`` (the same at fp32), ``int8`` (the default
-with its INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``: the default, so ``model`` too) and ``fp32``
-(the default at fp32: the fp32 graphs, the torch vectors; the held-out comparison of the two: bench/routing_int8.py).
+keys at its validation-chosen weight), ``text`` (``exemplar_weight = 0``: text keys only, the scan over 338 rows
+instead of ~5,000), ``int8`` (the default with its INT8 query encoder, ``NEXUS_ROUTER_QUERY_ENCODER_PRECISION=int8``:
+the default, so ``model`` too) and ``fp32`` (the default at fp32: the fp32 graphs, the torch vectors, from a
+training-form gate model; the held-out comparison of the two: bench/routing_int8.py).
 Routers run from this checkout's root, so the default's relative paths resolve as under ``make run``. Latency only:
 the production gate model trained on train.jsonl and calibrated on data/routing_calibration, so accuracy here would not be held-out (see ``nexus eval
 routing``); ``--queries`` takes a JSONL file or a directory of them (data/routing_calibration escalates as the
@@ -37,11 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # arm -> extra router environment
-ARMS = {"model": {}, "off": {"NEXUS_ROUTER_ARG_EVIDENCE": "false"},
-        "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0", "NEXUS_ROUTER_ARG_EVIDENCE": "false"},
-        "staged": {"NEXUS_ROUTER_ARG_EVIDENCE": "true", "NEXUS_ROUTER_LATE_READER_DIR": ""},
-        "late": {"NEXUS_ROUTER_ARG_EVIDENCE": "true"},  # + NEXUS_ROUTER_LATE_READER_DIR: --late-reader
-        "late-fp32": {"NEXUS_ROUTER_ARG_EVIDENCE": "true", "NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"},
+ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"},
         "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}, "fp32": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}}
 
 
@@ -58,14 +50,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def start_router(store: str, port: int, gate: str, threads: int, extra_env: dict[str, str], log_path: Path,
-                 slots: str = ""):
+def start_router(store: str, port: int, gate: str, threads: int, extra_env: dict[str, str], log_path: Path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                NEXUS_ROUTER_GATE_MODEL_DIR=str(Path(gate).resolve()), NEXUS_ROUTER_TORCH_THREADS=str(threads),
-               NEXUS_ROUTER_SLOTS_MODEL_DIR=str(Path(slots).resolve()) if slots else "",
                NEXUS_ROUTER_METRICS_PORT="0", NEXUS_ROUTER_LOG_LEVEL="INFO")
     env.update(extra_env)  # an arm's settings win
-    return subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "router", "--port", str(port),
+    return subprocess.Popen([sys.executable, "-m", "services.router", "--port", str(port),
                              "--store", store], env=env, stdout=subprocess.DEVNULL, stderr=open(log_path, "w"),
                             cwd=REPO)
 
@@ -98,7 +88,6 @@ def summarize(rtt: list[float], server_ms: list[float], esc: list[bool], log_tex
     return {
         "query_encoder_backend": backend, "n_requests": len(rtt),
         "exemplar_keys_loaded": "exemplar keys loaded" in log_text,
-        "argument_evidence_loaded": "argument evidence loaded" in log_text,
         "rtt_ms_p50": pct(rtt, 50), "rtt_ms_p90": pct(rtt, 90), "rtt_ms_p99": pct(rtt, 99), "rtt_ms_max": max(rtt),
         "server_route_ms_p50": pct(server_ms, 50), "server_route_ms_p99": pct(server_ms, 99),
         "escalation_rate": sum(esc) / len(esc),
@@ -145,14 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", required=True)
     ap.add_argument("--queries", required=True)
     ap.add_argument("--gate", default="var/models/gate")
-    ap.add_argument("--slots", default="var/models/slots", help="slot reader of the argument-evidence stage")
-    ap.add_argument("--late-reader", default="var/models/late_reader",
-                    help="the late arm's reader (`nexus train-late-reader`)")
     ap.add_argument("--json", default="reports/routing_grpc.json")
     ap.add_argument("--limit", type=int, default=0, help="lines to send (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="router torch threads")
     ap.add_argument("--repeats", type=int, default=2, help="passes over the lines (each arm gets every line per pass)")
-    ap.add_argument("--arms", default="model,off,text", help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--arms", default="model,text", help=f"comma-separated, of {', '.join(ARMS)}")
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
@@ -160,13 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--arms: unknown arm(s) {unknown or args.arms!r}; choose from {', '.join(ARMS)}")
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    fp32 = [a for a in arms if a.endswith("fp32")]
+    if fp32 and not (Path(args.gate) / "query_encoder" / "onnx" / "sentence_embedding.onnx").is_file():
+        ap.error(f"--arms {','.join(fp32)}: the gate model at {args.gate} has its INT8 graph only (the shipped serving "
+                 f"form); pass --gate a training-form model (`make train` writes one to ~/.cache/nexus/models/gate)")
 
     import grpc
 
+    from evals.routing_models import load_augment
     from nexus.v1 import common_pb2, router_pb2, router_pb2_grpc
     from services.common.store import LocalStore
-    from services.evals.routing_models import load_augment
-    from services.training.data import load_registry
+    from training.data import load_registry
 
     registry = load_registry(args.tools)
     lines = load_augment(args.queries)
@@ -184,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             for arm in arms:  # one after the other: both would embed the same missing keys into the store
                 logs[arm] = Path(tmp) / f"{arm}.log"
                 port = free_port()
-                env = ARMS[arm] | ({"NEXUS_ROUTER_LATE_READER_DIR": str(Path(args.late_reader).resolve())}
-                                   if arm.startswith("late") else {})
-                procs[arm] = start_router(tmp, port, args.gate, args.threads, env, logs[arm], args.slots)
+                procs[arm] = start_router(tmp, port, args.gate, args.threads, ARMS[arm], logs[arm])
                 ch = grpc.insecure_channel(f"127.0.0.1:{port}")
                 wait_serving(ch, procs[arm], logs[arm])
                 stubs[arm] = router_pb2_grpc.RouterServiceStub(ch)
@@ -218,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "registry_size": next(iter(n_tools.values())), "gate_model": str(args.gate), "torch_threads": args.threads,
         "n_lines": len(lines), "repeats": args.repeats, "interleaved": "request by request, arm order alternating",
         "arms": {a: summarize(rtt[a], server_ms[a], esc[a], log_text[a], ARMS[a]) for a in arms},
-        "arm_env": {a: ARMS[a] | ({"NEXUS_ROUTER_LATE_READER_DIR": args.late_reader} if a.startswith("late") else {})
-                    for a in arms},
+        "arm_env": {a: ARMS[a] for a in arms},
         "load_avg_1m_at_end": os.getloadavg()[0],
         "cpus": os.cpu_count(),
     }

@@ -29,8 +29,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.evals.routing_models import prepare_training_env  # noqa: E402
-from services.evals.stats import sign_test  # noqa: E402
+from evals.routing_models import prepare_training_env  # noqa: E402
+from evals.stats import sign_test  # noqa: E402
 
 ARMS = ("fp32", "int8", "int8-plain")
 PRECISION = {"fp32": "fp32", "int8": "int8", "int8-plain": "int8"}
@@ -55,7 +55,7 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    from services.evals.routing import draw_arms
+    from evals.routing import draw_arms
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     sizes = list(report["pooled"]["fp32"])
@@ -80,7 +80,7 @@ def plot(report: dict, path: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.evals.routing import checked_folds, held_out_parser
+    from evals.routing import checked_folds, held_out_parser
 
     ap = held_out_parser(__doc__, "reports/routing_int8.json", sizes="10,250,all")
     a = ap.parse_args(argv)
@@ -89,9 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from services.common.embedder import Embedder
-    from services.common.store import LocalStore
-    from services.evals.routing import (
+    from evals.routing import (
         _open_router,
         held_out_models,
         pool_line_draws,
@@ -99,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         route_lines,
         write_report,
     )
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
     from services.router.onnx_encoder import INT8_METHOD, int8_method
 
     t0 = time.time()

@@ -22,7 +22,7 @@ from pathlib import Path
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: run as a script from anywhere
-from services.training.data import load_registry as load_tools  # noqa: E402
+from training.data import load_registry as load_tools  # noqa: E402
 
 ROLES = {"user", "assistant", "tool"}
 FIELDS = {"id", "server", "tool", "query", "args", "history"}

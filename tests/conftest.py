@@ -35,6 +35,29 @@ TOOLS_DIR = REPO / "data" / "mcp_tools"  # the default registry lives in the che
 QUERIES = REPO / "data" / "queries" / "train.jsonl"
 
 
+SMALL_SERVERS = ("time", "redis")
+
+
+@pytest.fixture(scope="session")
+def small_gate(tmp_path_factory) -> Path:
+    """A gate model in its training form (torch weights, fp32 and INT8 graphs), trained small (one epoch) on the
+    lines of two servers and their augment lines: for the tests of what training and export read. The shipped model
+    (models/gate, var/models/gate) is the serving form: INT8 graph only."""
+    from training.data import equivalents, load_augment, load_queries, load_registry
+    from training.gate import GateHyperParams, train_gate
+
+    out = tmp_path_factory.mktemp("small-gate") / "gate"
+    registry = load_registry(TOOLS_DIR)
+    names = {t.name for t in registry.tools if registry.server_of[t.name] in SMALL_SERVERS}
+    lines = [ln for ln in load_queries(QUERIES) if ln.server in SMALL_SERVERS]
+    augment = [ln for ln in load_augment(str(REPO / "data" / "routing_augment")) if ln.tool in names][:120]
+    hp = GateHyperParams(seed=3, q_epochs=1, ce_epochs=1, q_batch=16, ce_batch_groups=16, val_fraction=0.25,
+                         threads=1, ce_top_k=3)
+    train_gate(lines, [t for t in registry.tools if t.name in names], out, hp, equivalents=equivalents,
+               progress=False, extra=augment)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tools_dir() -> Path:
     return TOOLS_DIR
@@ -195,7 +218,7 @@ def cluster(tmp_path_factory, small_tools):
 
 @pytest.fixture(scope="session")
 def grpcurl() -> str:
-    from services.cli import grpcurl_path
+    from cli.main import grpcurl_path
 
     path = grpcurl_path()
     out = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=30)

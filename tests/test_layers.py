@@ -1,5 +1,6 @@
 """The layers hold (pyproject.toml's [tool.importlinter] contracts, as `make lint` checks them): serving code
-(router, compiler, engine, runtime, common) imports no training or evaluation code, and no package imports a
+(services/: router, compiler, engine, openai, runtime, common) imports no training, evaluation or command-line code
+(top-level training/, evals/, cli/), and no package imports a
 sibling that imports it back. A broken contract fails `make test`, so it is fixed in the commit that breaks it."""
 
 import subprocess
@@ -24,15 +25,16 @@ def test_a_serving_module_that_imports_training_code_breaks_the_contract(tmp_pat
     import shutil
 
     root = tmp_path / "repo"
-    shutil.copytree(REPO / "services", root / "services", ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("services", "training", "evals", "cli"):
+        shutil.copytree(REPO / pkg, root / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     bad = root / "services" / "router" / "leak.py"
-    bad.write_text("from services.training import gate  # noqa: F401\n")
+    bad.write_text("from training import gate  # noqa: F401\n")
     exe = REPO / ".venv" / "bin" / "lint-imports"
     out = subprocess.run([str(exe), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": str(root), "PATH": str(REPO / ".venv" / "bin")})
     assert out.returncode != 0, out.stdout[-3000:]
-    assert "services.router.leak -> services.training.gate" in out.stdout
+    assert "services.router.leak -> training.gate" in out.stdout
 
 
 def test_make_lint_runs_ruff_and_the_import_contracts():

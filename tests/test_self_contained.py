@@ -33,12 +33,12 @@ def test_a_copy_of_the_tracked_files_finds_its_default_registry_and_queries(tmp_
 
     root = tmp_path / "alone" / "nexus"
     for path in tracked():
-        if path.startswith(("services/", "data/", "nexus_client/")) or path in ("pyproject.toml",):
+        if path.startswith(("services/", "training/", "evals/", "cli/", "data/", "nexus_client/")) or path in ("pyproject.toml",):
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / path, root / path)
     shutil.copytree(REPO / "nexus", root / "nexus")  # the generated stubs (make proto)
-    code = ("from services.cli import _default_tools_dir; from services.common.tools import load_registry_dir; "
-            "from services.training.data import load_queries; d = _default_tools_dir(); "
+    code = ("from cli.main import _default_tools_dir; from services.common.tools import load_registry_dir; "
+            "from training.data import load_queries; d = _default_tools_dir(); "
             "print(d, len(list(load_registry_dir(d))), len(load_queries('data/queries/train.jsonl')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})

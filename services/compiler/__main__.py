@@ -1,5 +1,7 @@
 import sys
 
-from services.cli import main
+from services.common.serve import main
+from services.compiler.config import CompilerConfig
+from services.compiler.server import run
 
-sys.exit(main(["serve", "compiler", *sys.argv[1:]]))
+sys.exit(main("compiler", CompilerConfig, run))

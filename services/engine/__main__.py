@@ -1,5 +1,7 @@
 import sys
 
-from services.cli import main
+from services.common.serve import main
+from services.engine.config import EngineConfig
+from services.engine.server import run
 
-sys.exit(main(["serve", "engine", *sys.argv[1:]]))
+sys.exit(main("engine", EngineConfig, run))

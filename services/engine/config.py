@@ -51,7 +51,7 @@ class EngineConfig(TransportSecurity):
     # (0 = off; it nets -2 after the start and salient biases): 1 of 8,254 stated strings in the team's data starts
     # so; the 135M model did on held-out t-0774.
     copy_path_penalty: float = 6.0
-    # Slot reader (services/engine/slots.py, `nexus train-slots` / `make models`): per parameter, the span of the
+    # Slot reader (services/engine/slots.py, `nexus train-slots` / `make train`; shipped in models/slots): per parameter, the span of the
     # request that states it; the copy bias favours that span by this much while the value is written (0 = off;
     # tune split with the session-5 reader: 10 -> 74.5 %, 6 -> 73.0 %).
     slot_model: str = "var/models/slots"

@@ -15,7 +15,9 @@ validity. A parameter gets no hint when the reader prefers "not stated" by more 
 validation lines by ``train_slots``).
 
 A slot model directory holds ``slots.json`` (format, threshold, hyper-parameters, data hash, validation
-figures) and ``reader/`` (a transformers question-answering model + tokenizer)."""
+figures) and ``reader/``: its tokenizer and either ``model.int8.onnx`` (the serving form that ships in models/slots:
+the reader's start/end logits graph, dynamic INT8, run on onnxruntime; ``training.slots.export_onnx``) or a
+transformers question-answering model (what training writes; torch runs it)."""
 
 from __future__ import annotations
 
@@ -168,14 +170,18 @@ def read_spans(model, tokenizer, questions: list[str], contexts: list[str], max_
     """For each (question, context): its ``k`` best answers as character spans of the context with their scores
     (see top_spans, clean_span, balance_span), best first; ``one_line``: none crosses a line break. One batch;
     training's validation and the engine both read so."""
-    import torch
-
+    onnx = isinstance(model, OnnxReader)
     enc = tokenizer(questions, contexts, truncation="only_second", max_length=max_len, padding=True,
-                    return_offsets_mapping=True, return_tensors="pt")
-    offsets = enc.pop("offset_mapping").numpy()
-    with torch.inference_mode():
-        out = model(**enc)
-    starts, ends = out.start_logits.numpy(), out.end_logits.numpy()
+                    return_offsets_mapping=True, return_tensors="np" if onnx else "pt")
+    offsets = np.asarray(enc.pop("offset_mapping"))
+    if onnx:
+        starts, ends = model(enc)
+    else:
+        import torch
+
+        with torch.inference_mode():
+            out = model(**enc)
+        starts, ends = out.start_logits.numpy(), out.end_logits.numpy()
     res = []
     for i, context in enumerate(contexts):
         mask = np.array([sid == 1 for sid in enc.sequence_ids(i)], dtype=bool)
@@ -235,11 +241,40 @@ def order_numbers(hints: dict[str, Hint], numbers: dict[str, list[tuple[int, int
     return out
 
 
+ONNX_FILE = "model.int8.onnx"
+
+
+class OnnxReader:
+    """The reader's exported graph (``reader/model.int8.onnx``) on onnxruntime: token ids in, (start, end) logits
+    out, as numpy arrays. Each row runs alone, unpadded: the graph quantizes its activations with one scale per
+    tensor, so a row read in a batch would depend on the other rows (up to ~1 logit here)."""
+
+    def __init__(self, path: str | Path, threads: int):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = max(0, threads)
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+
+    def __call__(self, enc) -> tuple[np.ndarray, np.ndarray]:
+        feeds = {n: np.asarray(enc[n], np.int64) for n in self.inputs}
+        lengths = feeds["attention_mask"].sum(1)
+        starts = np.full(feeds["attention_mask"].shape, -1e4, np.float32)
+        ends = starts.copy()
+        for i, n in enumerate(lengths):
+            s, e = self.session.run(None, {k: v[i:i + 1, :n] for k, v in feeds.items()})
+            starts[i, :n], ends[i, :n] = s[0], e[0]
+        return starts, ends
+
+
 class SlotModel:
     """A loaded slot reader. ``hints`` is thread-safe."""
 
     def __init__(self, path: str | Path, threads: int = 2, candidates: int = 0, order: bool = True):
-        from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+        from transformers import AutoTokenizer
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         root = Path(path)
@@ -250,8 +285,13 @@ class SlotModel:
         self.threshold = float(doc["threshold"])
         self.max_len = int(doc.get("max_len", 192))
         self.tokenizer = AutoTokenizer.from_pretrained(str(root / "reader"))
-        self.model = AutoModelForQuestionAnswering.from_pretrained(str(root / "reader"))
-        self.model.eval()
+        if (root / "reader" / ONNX_FILE).is_file():
+            self.model: Any = OnnxReader(root / "reader" / ONNX_FILE, threads)
+        else:
+            from transformers import AutoModelForQuestionAnswering
+
+            self.model = AutoModelForQuestionAnswering.from_pretrained(str(root / "reader"))
+            self.model.eval()
         self.threads = threads
         # spans per parameter considered when spans are shared out (``hints``); 0: each parameter's best span,
         # overlaps allowed
@@ -270,11 +310,12 @@ class SlotModel:
         """For each question: its ``k`` best answers in ``context`` (see read_spans)."""
         if not questions:
             return []
-        import torch
-
         with self._lock:
-            if torch.get_num_threads() != self.threads and self.threads > 0:
-                torch.set_num_threads(self.threads)
+            if not isinstance(self.model, OnnxReader):
+                import torch
+
+                if torch.get_num_threads() != self.threads and self.threads > 0:
+                    torch.set_num_threads(self.threads)
             return read_spans(self.model, self.tokenizer, questions, [context] * len(questions), self.max_len, k)
 
     def hints(self, tool: Tool, source: str) -> dict[str, Hint]:

@@ -10,7 +10,7 @@ prints the tool names that would be registered, one per line on stdout. ``--pref
 every tool name (e.g. ``--prefix time_`` registers ``time_get_current_time``) so servers with
 clashing names can share one registry.
 
-``services/cli.py`` wires it in with ``add_ingest_parser(sub)``.
+``cli/main.py`` wires it in with ``add_ingest_parser(sub)``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 import sys
 
-from services.cli import main
+from services.common.serve import main
+from services.router.config import RouterConfig
+from services.router.server import run
 
-sys.exit(main(["serve", "router", *sys.argv[1:]]))
+sys.exit(main("router", RouterConfig, run))

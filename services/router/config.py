@@ -30,19 +30,13 @@ class RouterConfig(TransportSecurity):
     # Prometheus /metrics HTTP port (0 disables the endpoint).
     metrics_port: int = 9101
     log_level: str = "INFO"
-    # Trained gate model (query encoder + cross-encoder + tau), from `nexus train-gate` / `make models`.
+    # Trained gate model (query encoder + tau + exemplar keys): shipped in models/gate, linked by `make setup`
+    # (`make train` / `nexus train-gate` retrain it).
     # Missing or unreadable: routing is SLB-only over base embeddings and never escalates (logged).
     gate_model_dir: str = "var/models/gate"
-    # The gate's argument-evidence stage (services/router/argevidence.py): escalated requests (margin < its tau) are
-    # re-ranked by what a reader finds stated in the request. On by default, with the late reader at late_reader_dir
-    # (services/router/late_reader.py, `make setup` trains it and calibrates the stage for it): a small head over the
-    # router's own query-encoder states, ~+1 point of held-out top-1 at N = 250 with ~11-15 % of requests escalated at
-    # ~7-25 ms each (docs/experiments/routing_experiments.md §24, §32-34). Missing, stale or uncalibrated: routing goes on
-    # without the stage (logged). late_reader_dir empty: the slot reader at slots_model_dir (~280 ms per escalated
-    # request; `nexus train-gate --slots` calibrates the stage for it). arg_evidence false: no stage.
-    arg_evidence: bool = True
-    slots_model_dir: str = "var/models/slots"
-    late_reader_dir: str = "var/models/late_reader"
+    # No second stage by default: the argument-evidence stage (late reader / slot reader) broke about four right
+    # answers on unseen tools for each one it fixed and was removed (docs/experiments/README.md names the commit);
+    # the gate's cross-encoder runs only when a gate model fuses it (alpha > 0).
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
     # The query encoder's single-request graph: "int8" (the default: the dynamic quantization of a smoothed copy,

@@ -1,6 +1,6 @@
 """The trained routing model: a query encoder for the SLB and a cross-encoder behind the margin gate.
 
-A gate model directory (written by ``services.training.gate.train_gate``) holds
+A gate model directory (written by ``training.gate.train_gate``) holds
 
     gate.json        tau, alpha, ce_top_k, the hyper-parameters, data hash and validation figures
     query_encoder/   SentenceTransformer fine-tuned to map requests onto the *base* all-MiniLM-L6-v2
@@ -9,6 +9,10 @@ A gate model directory (written by ``services.training.gate.train_gate``) holds
     query_encoder/onnx/sentence_embedding.onnx
                      the query encoder + pooling for one request on onnxruntime (services/router/onnx_encoder.py;
                      exported by training, also into a cached model without it); absent: torch embeds
+
+The serving form that ships in models/gate (``training.ship``) keeps what the router runs: gate.json, the
+exemplars (vectors at float16), the query encoder's tokenizer and INT8 graph and ``query_encoder/probe.json`` (its
+truncation length and the torch vector the graph is checked against at load); no torch weights and no cross-encoder (alpha is 0).
 
 Decision rule: SLB top-1 wins outright when ``top1 - top2 >= tau``; otherwise the top ``ce_top_k``
 candidates are scored by the cross-encoder and re-ranked by ``slb_score + alpha * ce_logit``. The SLB
@@ -36,6 +40,7 @@ from services.router import onnx_encoder
 log = logging.getLogger("nexus.router")
 
 GATE_FORMAT = "nexus-gate-v1"
+PROBE_FILE = "probe.json"
 CE_DESC_WORDS = 16
 
 
@@ -82,10 +87,7 @@ class GateModel:
     and the two cores are better spent on one forward pass at a time)."""
 
     def __init__(self, path: str | Path, threads: int = 2, precision: str = "fp32"):
-        from sentence_transformers import SentenceTransformer
-
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        set_threads(threads)
         root = Path(path)
         doc = json.loads((root / "gate.json").read_text())
         if doc.get("format") != GATE_FORMAT:
@@ -100,29 +102,65 @@ class GateModel:
                              tool_bias={str(k): float(v) for k, v in
                                         (doc.get("slb", {}).get("tool_bias") or {}).items()},
                              tool_schemas={str(k): str(v) for k, v in (doc.get("tool_schemas") or {}).items()})
-        self.query_encoder = SentenceTransformer(str(root / "query_encoder"), device="cpu")
-        self.query_encoder.eval()
         self._ce_path, self._ce_max_len = root / "cross_encoder", int(doc.get("ce_max_len", 96))
+        if self.info.alpha > 0 and not self._ce_path.is_dir():
+            raise ValueError(f"{root}/gate.json fuses the cross-encoder (alpha {self.info.alpha:g}) but {root} has "
+                             "no cross_encoder/")
         self._ce = None  # the CrossEncoder, loaded at its first use: with alpha = 0 it is never used
         self._lock = threading.Lock()
-        self._single = _single_query_path(self.query_encoder)
+        qdir = root / "query_encoder"
         self.onnx: onnx_encoder.OnnxQueryEncoder | None = None
+        if not (qdir / "model.safetensors").is_file():
+            self._load_serving_form(qdir, threads, precision)
+            return
+        from sentence_transformers import SentenceTransformer
+
+        set_threads(threads)
+        self.query_encoder = SentenceTransformer(str(qdir), device="cpu")
+        self.query_encoder.eval()
+        self.dim = int((getattr(self.query_encoder, "get_embedding_dimension", None)
+                        or self.query_encoder.get_sentence_embedding_dimension)())
+        self._single = _single_query_path(self.query_encoder)
         if self._single is not None:
             tokenizer, _, max_len = self._single
-            self.onnx = onnx_encoder.load(root / "query_encoder", tokenizer, max_len, threads, self._torch_single,
-                                          precision)
+            self.onnx = onnx_encoder.load(qdir, tokenizer, max_len, threads, self._torch_single, precision)
+
+    def _load_serving_form(self, qdir: Path, threads: int, precision: str) -> None:
+        """The serving form (what models/gate ships, ``training.ship``): the query encoder's tokenizer, its
+        ONNX graph and ``probe.json`` (its truncation length and the torch vector of ``onnx_encoder.PROBE``, which the
+        graph must reproduce),
+        no torch weights: every request is embedded on onnxruntime."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(qdir))
+        probe = json.loads((qdir / PROBE_FILE).read_text())
+        max_len = int(probe["max_len"])  # the encoder's truncation
+        if probe.get("text") != onnx_encoder.PROBE:
+            raise ValueError(f"{qdir}/{PROBE_FILE} is the vector of another probe text")
+        self._probe = np.asarray(probe["vector"], np.float32)
+        self.query_encoder = None
+        self.dim = int(self._probe.shape[0])
+        self._single = (tokenizer, None, max_len)
+        self.onnx = onnx_encoder.load(qdir, tokenizer, max_len, threads, lambda _text: self._probe, precision)
+        if self.onnx is None:
+            raise ValueError(f"{qdir} holds no usable ONNX graph at {precision} and no torch weights (the shipped "
+                             "gate model carries its INT8 graph only; `make train` writes the full model)")
+
+    def probe_vector(self) -> np.ndarray:
+        """The query encoder's fp32 (torch) vector of ``onnx_encoder.PROBE``: what a graph of this encoder must give."""
+        return self._probe if self.query_encoder is None else self._torch_single(onnx_encoder.PROBE)
 
     @property
     def query_stack(self) -> tuple[Any, Any, int] | None:
         """(tokenizer, transformer, max length) when the query encoder is the plain Transformer + mean pooling
-        (+ normalize) stack a graph of our own reproduces (the ONNX export, the late reader's states graph), else
-        None."""
+        (+ normalize) stack a graph of our own reproduces (the ONNX export), else
+        None. The serving form has no torch weights: its transformer is None."""
         return self._single
 
     @staticmethod
     def exists(path: str | Path) -> bool:
         root = Path(path)
-        return (root / "gate.json").is_file() and (root / "query_encoder").is_dir() and (root / "cross_encoder").is_dir()
+        return (root / "gate.json").is_file() and (root / "query_encoder").is_dir()
 
     def exemplar_keys(self) -> dict[str, np.ndarray]:
         """The model's exemplar keys per tool: the requests of ``exemplars.jsonl`` as embedded at calibration
@@ -134,9 +172,8 @@ class GateModel:
         rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         vecs = None
         if (root / "exemplars.npy").is_file():
-            vecs = np.load(root / "exemplars.npy")
-            enc = self.query_encoder
-            dim = (getattr(enc, "get_embedding_dimension", None) or enc.get_sentence_embedding_dimension)()
+            vecs = np.load(root / "exemplars.npy")  # float16 in the serving form: below the SLB's INT8 step
+            dim = self.dim
             if vecs.shape != (len(rows), dim):
                 log.warning("%s/exemplars.npy has shape %s, expected %s: embedding the exemplars again", root,
                             vecs.shape, (len(rows), dim))
@@ -153,6 +190,10 @@ class GateModel:
         return {schemas[n]: v for n, v in per_tool.items() if n in schemas}
 
     def embed_queries(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        if self.query_encoder is None:  # the serving form: one request at a time through its graph
+            with self._lock:
+                vecs = [self.onnx.embed(t) for t in texts]
+            return np.ascontiguousarray(np.stack(vecs) if vecs else np.zeros((0, self.dim)), dtype=np.float32)
         with self._lock:
             v = self.query_encoder.encode(texts, batch_size=batch_size, convert_to_numpy=True,
                                           normalize_embeddings=True, show_progress_bar=False)
@@ -170,6 +211,8 @@ class GateModel:
         """One request's vector with torch, the reference the ONNX path is checked against. For the common
         Transformer → mean pooling (→ normalize) stack, one forward pass without ``encode``'s batching
         machinery (~3 ms of a ~17 ms call here; same vector, tested)."""
+        if self.query_encoder is None:
+            raise ValueError(f"the gate model at {self.info.path} is the serving form: no torch weights")
         if self._single is None:
             return self.embed_queries([text])[0]
         with self._lock:

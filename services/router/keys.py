@@ -8,7 +8,7 @@
   requests ("git log /srv/infra …", "dependabot #3 octo-org/web-app") share words with the name that an
   embedding of a short string weighs little.
 
-The gate model's calibration (``services.training.gate.calibrate_slb``) picks whether to use either, and
+The gate model's calibration (``training.gate.calibrate_slb``) picks whether to use either, and
 the lexical weight, on its validation split.
 """
 

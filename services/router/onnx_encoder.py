@@ -262,7 +262,7 @@ class OnnxQueryEncoder:
         self.path = Path(path)
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
-        # sentence_embedding.int8.onnx, or the late reader's states.int8.onnx
+        # sentence_embedding.int8.onnx or sentence_embedding.onnx
         self.precision = "int8" if self.path.name.endswith(".int8.onnx") else "fp32"
         self.tokenizer = tokenizer
         self.max_len = max_len

@@ -11,14 +11,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from services.common.embedder import Embedder, tool_text
-from services.common.errors import ArtifactNotFound, DataCorruption, EmptyRegistry, InvalidArgument
+from services.common.errors import (
+    ArtifactNotFound,
+    DataCorruption,
+    EmptyRegistry,
+    InvalidArgument,
+    ToolNotFound,
+)
 from services.common.store import Store
 from services.common.tools import Tool, parse_tool
 from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import decode_embedding, embedding_key, encode_embedding
 from services.compiler.signature import signature
-from services.router import argevidence
-from services.router.argevidence import ArgEvidence
 from services.router.config import RouterConfig
 from services.router.context import routing_text as _routing_text
 from services.router.gate import GateModel, ce_tool_text, fuse, load_gate, set_threads
@@ -45,9 +49,8 @@ class RouteDecision:
     candidates: list[tuple[str, float]]
     route_ms: float
     registry_version: int
-    # How the decision was made: "auto" (margin >= tau), "escalated" (the second stage re-ranked the top
-    # candidates: the cross-encoder, or the argument evidence of services.router.argevidence), "slb-only" (no gate
-    # model loaded: escalation disabled).
+    # How the decision was made: "auto" (margin >= tau), "escalated" (the cross-encoder re-ranked the top
+    # candidates), "slb-only" (no gate model loaded: escalation disabled).
     gate: str = "auto"
     # The SLB's own ranking (before any re-ranking), best first; the evaluation reads it.
     slb_candidates: list[tuple[str, float]] = field(default_factory=list)
@@ -114,7 +117,6 @@ class Router:
         self._ce_texts: dict[str, str] = {}
         self._lexical: tuple[list[str], LexicalIndex] | None = None
         self._sync_lock = asyncio.Lock()
-        self.arg_evidence: ArgEvidence | None = self._load_arg_evidence()
         if self.gate is not None:
             info = self.gate.info
             log.info("gate model loaded", extra={"path": info.path, "tau": info.tau, "alpha": info.alpha,
@@ -125,10 +127,9 @@ class Router:
             self.gate.embed_query("warm up")
             if info.alpha > 0:
                 self.gate.ce_scores("warm up", ["warm up"])
-            if info.alpha <= 0 and self.arg_evidence is None:
-                log.warning("gate model %s: validation gave the cross-encoder weight alpha=0, so it never changes a "
-                            "decision, and no argument-evidence stage is on; escalation is off (SLB with the tuned "
-                            "query encoder only)", info.path)
+            if info.alpha <= 0:
+                log.info("gate model %s: no second stage (cross-encoder weight alpha = 0): routing is the SLB with "
+                         "the tuned query encoder and exemplar keys", info.path)
             if self.exemplar_weight:
                 # keyed by schema hash: a registered tool gets the keys and bias of the trained tool it *is*
                 keys = self.gate.by_schema(self.gate.exemplar_keys())
@@ -141,7 +142,7 @@ class Router:
                 self._exemplars_by_schema, self._bias_by_schema = keys, self.gate.by_schema(bias)
                 if not info.tool_schemas:
                     log.error("gate model %s has no tool_schemas (trained before artifacts were keyed by schema "
-                              "hash): routing without its exemplar keys and biases; retrain it (make models)",
+                              "hash): routing without its exemplar keys and biases; retrain it (make train)",
                               info.path)
                 log.info("exemplar keys loaded", extra={"weight": self.exemplar_weight, "tools": len(keys),
                                                         "gap": self.gate.info.exemplar_gap,
@@ -149,58 +150,6 @@ class Router:
                                                         "biased_tools": len(self._bias_by_schema),
                                                         "rows": sum(len(v) for v in keys.values())})
         log.info("SLB scan backend", extra={"backend": self.index.backend_name})
-
-    def _load_arg_evidence(self) -> ArgEvidence | None:
-        """The gate model's calibrated argument-evidence stage with the configured reader (the late reader at
-        late_reader_dir when set, else the slot reader), or None (no gate, no reader, nothing calibrated for them:
-        logged)."""
-        if self.gate is None:
-            return None
-        section = self.gate.info.meta.get("arg_evidence") or {}
-        if not self.config.arg_evidence:
-            if section.get("feature", "none") != "none" or self.config.late_reader_dir:
-                log.info("an argument-evidence stage is calibrated for gate model %s; it is off "
-                         "(NEXUS_ROUTER_ARG_EVIDENCE=true turns it on: more accurate, ~280 ms per escalated request "
-                         "with the slot reader, ~7 ms with a late reader)", self.gate.info.path)
-            return None
-        if self.gate.info.alpha > 0:  # the cross-encoder earned the second stage: it keeps it
-            return None
-        if self.config.late_reader_dir:
-            return self._load_late_reader()
-        if not section or not self.config.slots_model_dir:
-            return None
-        from services.engine.slots import load_slots
-
-        ae = argevidence.from_gate(self.gate.info.meta, load_slots(self.config.slots_model_dir,
-                                                                     threads=self.config.torch_threads))
-        if ae is not None:
-            ae.reader.score(["warm up"], "warm up")
-            log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
-                                                        "top_k": ae.top_k, "reader": self.config.slots_model_dir})
-        return ae
-
-    def _load_late_reader(self) -> ArgEvidence | None:
-        """The stage with the late reader at late_reader_dir and the calibration it carries for this gate model's
-        SLB (None, logged, when it has none or is stale). The router then embeds each request through the reader's
-        graph: the same vector, and the states an escalation reads."""
-        from services.router import late_reader
-
-        path = self.config.late_reader_dir
-        reader = late_reader.load(path, self.gate, threads=self.config.torch_threads,
-                                  precision=self.config.query_encoder_precision)
-        if reader is None:
-            return None
-        section = reader.meta.get("arg_evidence")
-        if not section:
-            log.error("late reader at %s carries no argument-evidence calibration: the stage is off", path)
-            return None
-        ae = argevidence.from_gate({**self.gate.info.meta, "arg_evidence": section}, reader)
-        if ae is not None:
-            ae.reader.score(["warm up"], "warm up")
-            log.info("argument evidence loaded", extra={"feature": ae.feature, "alpha": ae.alpha, "tau": ae.tau,
-                                                        "top_k": ae.top_k, "reader": path, "clip": ae.clip,
-                                                        "enum_words": ae.enum_words})
-        return ae
 
     def _exemplar_weight(self) -> float:
         """The configured exemplar weight, or (negative, the default) the gate model's validation-chosen one."""
@@ -259,7 +208,6 @@ class Router:
         if self.lexical_weight > 0:
             order = sorted(tools)
             self._lexical = (order, LexicalIndex.of_tools([tools[n] for n in order]))
-        self._warm_reader(tools)
         exemplars = {n: self._exemplars_by_schema[t.schema_hash] for n, t in tools.items()
                      if t.schema_hash in self._exemplars_by_schema}
         derived = self._derived_keys({n: t for n, t in tools.items() if n not in exemplars})
@@ -320,18 +268,6 @@ class Router:
 
     def _derived_arrived(self) -> bool:
         return any(self.store.exists(k) for k in list(self._pending_derived.values()))
-
-    def _warm_reader(self, tools: dict[str, Tool]) -> None:
-        """A reader that caches per question (the late reader) reads every new tool's questions now, at load, not
-        on the first request that escalates to the tool."""
-        ae = self.arg_evidence
-        if ae is None or not hasattr(ae.reader, "question_cache"):
-            return
-        t0 = time.perf_counter()
-        new = ae.reader.question_cache(argevidence.questions_of([tools[n] for n in sorted(tools)]))
-        if new:
-            log.info("argument-evidence questions cached", extra={"questions": new,
-                                                                  "ms": round((time.perf_counter() - t0) * 1e3)})
 
     def _alt_keys(self, tools: dict[str, Tool]) -> dict[str, np.ndarray]:
         """Alternate keys (``keys.alt_tool_text`` embedded with the base embedder), cached in the store."""
@@ -407,13 +343,27 @@ class Router:
         return entries, view.version
 
     # -- routing ----------------------------------------------------------------------------
-    def route(self, query: str, history: Sequence[HistoryTurn] = (), top_k: int | None = None) -> RouteDecision:
+    def route(self, query: str, history: Sequence[HistoryTurn] = (), top_k: int | None = None,
+              allowed: Sequence[str] = ()) -> RouteDecision:
+        """Route ``query`` (+ ``history``) among every registered tool, or among the ``allowed`` names only."""
         k = self._check_query(query, history, top_k)
         t0 = time.perf_counter()
         view = self.view
         if not view.tools:
             raise EmptyRegistry("no tools are registered; call RegisterTools first")
-        return self.decide(routing_text(query, history, self._max_turns()), k, t0=t0, version=view.version)
+        mask = None
+        if allowed:
+            names = self.index.names()
+            pos = {n: i for i, n in enumerate(names)}
+            unknown = sorted({n for n in allowed if n not in pos})
+            if unknown:
+                raise ToolNotFound(f"allowed_tools: not registered: {', '.join(unknown[:5])}"
+                                   + (f" (+{len(unknown) - 5} more)" if len(unknown) > 5 else ""))
+            mask = np.zeros(len(names), bool)
+            mask[[pos[n] for n in allowed]] = True
+            k = min(k, int(mask.sum()))
+        return self.decide(routing_text(query, history, self._max_turns()), k, allowed=mask, t0=t0,
+                           version=view.version)
 
     def _max_turns(self) -> int:
         return self.gate.info.max_turns if self.gate is not None else 4
@@ -437,14 +387,8 @@ class Router:
         restricts the candidates to a subset of the index (the evaluation's per-query registries)."""
         t0 = time.perf_counter() if t0 is None else t0
         gate = self.gate
-        ae = self.arg_evidence
-        n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0, ae.top_k if ae is not None else 0)
-        states = None
-        encoder = getattr(ae.reader, "encoder", None) if ae is not None else None
-        if encoder is not None:  # a late reader: the router's one pass also gives the states it reads
-            qvec, states = encoder.embed_with_states(text)
-        else:
-            qvec = self.embed_request(text)
+        n_slb = max(k, 2, gate.info.ce_top_k if gate is not None else 0)
+        qvec = self.embed_request(text)
         slb = self.index.search(qvec, n_slb, allowed=allowed, bonus=self._lexical_bonus(text))
         if not slb:
             raise EmptyRegistry("no tools are registered; call RegisterTools first")
@@ -458,12 +402,6 @@ class Router:
             fused = fuse(np.array([s for _, s in top], np.float32), logits, gate.info.alpha)
             order = np.argsort(-fused, kind="stable")
             final = [(top[i][0], float(fused[i])) for i in order] + list(slb[gate.info.ce_top_k:])
-            mode = "escalated"
-        elif ae is not None and len(slb) > 1 and margin < ae.tau:
-            top = slb[: ae.top_k]
-            tools = self.view.tools
-            final = (ae.rescore(text, top, lambda n: tools[n].tool if n in tools else None, states=states)
-                     + list(slb[ae.top_k:]))
             mode = "escalated"
         return RouteDecision(
             tool=final[0][0],

@@ -19,7 +19,9 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     async def Route(self, request, context):
         top_k = request.top_k if request.HasField("top_k") else None
-        decision = await asyncio.to_thread(self.router.route, request.query, [HistoryTurn(role=t.role, content=t.content) for t in request.history], top_k)
+        history = [HistoryTurn(role=t.role, content=t.content) for t in request.history]
+        decision = await asyncio.to_thread(self.router.route, request.query, history, top_k,
+                                           list(request.allowed_tools))
         self.metrics.routes.inc()
         self.metrics.route_ms.observe(decision.route_ms)
         if decision.escalated:

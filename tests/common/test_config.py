@@ -59,14 +59,10 @@ def test_router_query_encoder_precision_is_checked():
         load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp16"})
 
 
-def test_the_router_reads_with_its_late_reader_by_default_and_env_turns_the_stage_off():
-    """The argument-evidence stage is on by default, with the late reader `make setup` trains, at a path relative to
-    the checkout as the gate model's is; NEXUS_ROUTER_ARG_EVIDENCE=false turns it off, an empty reader directory
-    selects the slot reader."""
-    cfg = RouterConfig()
-    assert cfg.arg_evidence and cfg.late_reader_dir == "var/models/late_reader"
-    assert cfg.gate_model_dir == "var/models/gate"
-    off = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_ARG_EVIDENCE": "false"})
-    assert not off.arg_evidence and off.late_reader_dir == cfg.late_reader_dir
-    slots = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_LATE_READER_DIR": ""})
-    assert slots.arg_evidence and slots.late_reader_dir == ""
+def test_the_router_has_no_second_stage_setting_and_refuses_the_removed_ones():
+    """The argument-evidence stage is gone: the router loads the shipped gate model at a path relative to the
+    checkout, and its old settings are unknown keys (fatal, not silently ignored)."""
+    assert RouterConfig().gate_model_dir == "var/models/gate"
+    for key in ("NEXUS_ROUTER_ARG_EVIDENCE", "NEXUS_ROUTER_LATE_READER_DIR"):
+        with pytest.raises(ConfigError):
+            load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={key: "false"})

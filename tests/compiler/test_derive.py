@@ -152,7 +152,7 @@ def test_registered_tools_route_at_once_and_get_derived_keys_in_the_background(t
 
     store_url = str(tmp_path / "store")
     compiler = start_compiler(store_url, derive=True, derive_parallel=2, derive_threads=2)
-    router = start_router(store_url, compiler.addr, gate_model_dir="", arg_evidence=False, derived_keys=True)
+    router = start_router(store_url, compiler.addr, gate_model_dir="", derived_keys=True)
     other = {"name": "shop_list_orders", "description": "List a customer's recent orders.",
              "inputSchema": {"type": "object", "properties": {"customer_email": {"type": "string"}}}}
     try:
@@ -162,7 +162,7 @@ def test_registered_tools_route_at_once_and_get_derived_keys_in_the_background(t
             keys = {t.name: t.keys for t in client.list_tools().tools}
             assert set(keys.values()) <= {"pending", "derived"}
             assert client.route("refund order 5531, it came damaged").tool == "shop_refund_order"
-            from services.cli import keys_summary
+            from cli.main import keys_summary
 
             assert keys_summary(client, wait_s=600) == "derived 2"  # what `nexus register --wait-keys` prints
             print(f"derived keys of 2 tools ready in {time.monotonic() - t0:.0f} s")

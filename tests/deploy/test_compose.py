@@ -125,11 +125,12 @@ def test_env_example_lists_every_variable_the_compose_file_uses():
     assert used <= set(example), used - set(example)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("precision", ["int8"])
 def test_router_mounts_the_trained_gate_model_and_loads_it(compose, tmp_path, precision):
     """The router container gets the host's `make setup` gate model read-only where NEXUS_ROUTER_GATE_MODEL_DIR
     points; a real Router built from the compose env (the mount's host side in place of the container path, a local
-    store in place of Redis) loads that model with its tuned query encoder at the configured precision."""
+    store in place of Redis) loads that model with its tuned query encoder at the configured precision (the shipped
+    serving form carries the INT8 graph only; fp32 takes `make train`'s training form)."""
     import asyncio
 
     from services.common.config import load_config
@@ -137,8 +138,8 @@ def test_router_mounts_the_trained_gate_model_and_loads_it(compose, tmp_path, pr
     from services.common.store import LocalStore
     from services.router.config import RouterConfig
     from services.router.router import Router
-    from services.training.data import load_registry
     from tests.conftest import TOOLS_DIR
+    from training.data import load_registry
 
     router = interpolate(yaml.safe_load(COMPOSE.read_text()), {**ENV, "NEXUS_QUERY_ENCODER_PRECISION": precision})
     router = router["services"]["router"]
@@ -149,7 +150,7 @@ def test_router_mounts_the_trained_gate_model_and_loads_it(compose, tmp_path, pr
     host = (DEPLOY / src).resolve()
     assert host == (REPO / "var" / "models" / "gate").resolve()
     if not (host / "gate.json").is_file():
-        pytest.fail(f"no gate model at {host}: run `make setup` (it trains and links it)")
+        pytest.fail(f"no gate model at {host}: run `make setup` (it links the shipped one)")
     env.update(NEXUS_ROUTER_GATE_MODEL_DIR=str(host), NEXUS_ROUTER_STORE_URL=str(tmp_path / "store"))
     cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env=env)
     store = LocalStore(cfg.store_url)
@@ -158,34 +159,3 @@ def test_router_mounts_the_trained_gate_model_and_loads_it(compose, tmp_path, pr
     store.registry_put([t for t in load_registry(TOOLS_DIR).tools if t.name in ("get_current_time", "convert_time")])
     asyncio.run(r.sync(force=True))
     assert r.route("what time is it in Tokyo right now?").tool == "get_current_time"
-
-
-def test_router_mounts_the_late_reader_and_routes_with_its_stage(compose, tmp_path):
-    """The router container gets the host's `make setup` late reader read-only where NEXUS_ROUTER_LATE_READER_DIR
-    points, with the stage on; a real Router built from the compose env loads the stage with it;
-    NEXUS_ARG_EVIDENCE=false turns it off."""
-    from services.common.config import load_config
-    from services.common.embedder import Embedder
-    from services.common.store import LocalStore
-    from services.router.config import RouterConfig
-    from services.router.late_reader import LateReader
-    from services.router.router import Router
-
-    router = interpolate(yaml.safe_load(COMPOSE.read_text()), ENV)["services"]["router"]
-    env = env_dict(router["environment"])
-    mounts = {dst: (src, mode) for src, dst, mode in (v.split(":") for v in router["volumes"])}
-    src, mode = mounts[env["NEXUS_ROUTER_LATE_READER_DIR"]]
-    assert mode == "ro" and env["NEXUS_ROUTER_ARG_EVIDENCE"] == "true"
-    host = (DEPLOY / src).resolve()
-    assert host == (REPO / "var" / "models" / "late_reader").resolve()
-    if not (host / "late_reader.json").is_file():
-        pytest.fail(f"no late reader at {host}: run `make setup` (it trains and links it)")
-    gate = (DEPLOY / mounts[env["NEXUS_ROUTER_GATE_MODEL_DIR"]][0]).resolve()
-    env.update(NEXUS_ROUTER_GATE_MODEL_DIR=str(gate), NEXUS_ROUTER_LATE_READER_DIR=str(host),
-               NEXUS_ROUTER_STORE_URL=str(tmp_path / "store"))
-    cfg = load_config(RouterConfig, prefix="NEXUS_ROUTER_", env=env)
-    r = Router(cfg, LocalStore(cfg.store_url), Embedder(cfg.embedder_path))
-    assert r.arg_evidence is not None and isinstance(r.arg_evidence.reader, LateReader)
-    off = env_dict(interpolate(yaml.safe_load(COMPOSE.read_text()), {**ENV, "NEXUS_ARG_EVIDENCE": "false"})
-                   ["services"]["router"]["environment"])
-    assert load_config(RouterConfig, prefix="NEXUS_ROUTER_", env=off).arg_evidence is False

@@ -64,7 +64,7 @@ def test_copied_sources_exist_and_are_not_dockerignored(svc):
     patterns = dockerignore_patterns(DEPLOY / svc / "Dockerfile.dockerignore")
     assert patterns, "each Dockerfile has its own Dockerfile.dockerignore (the context is the repo root)"
     for must_keep in ("requirements.txt", "pyproject.toml", "README.md", "protos/nexus/v1/router.proto",
-                      "services/cli.py", "deploy/healthcheck.py", "nexus_client/__init__.py"):
+                      "cli/main.py", "deploy/healthcheck.py", "nexus_client/__init__.py"):
         assert not is_ignored(must_keep, patterns), must_keep
     for dropped in (".venv/bin/python", ".git/HEAD", "nexus/v1/router_pb2.py", "native/build/x.o", "var/store/a"):
         assert is_ignored(dropped, patterns), dropped
@@ -131,9 +131,9 @@ def test_build_context_packages_the_services_stubs_and_client(tmp_path):
     assert out.returncode == 0, out.stderr
     (wheel,) = (tmp_path / "wheels").glob("nexus_serving-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("services/cli.py", "services/router/server.py", "services/compiler/server.py",
+    for module in ("cli/main.py", "services/router/server.py", "services/compiler/server.py",
                    "services/engine/server.py", "services/ingest/mcp.py", "nexus/v1/router_pb2_grpc.py",
                    "nexus/v1/engine_pb2.py", "nexus_client/__init__.py"):
         assert module in names, module
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "nexus = services.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "nexus = cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

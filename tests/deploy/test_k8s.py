@@ -111,10 +111,9 @@ def test_configmap_is_valid_service_config_and_router_reaches_the_compiler_servi
 
 
 @pytest.mark.parametrize("kind, name, key", [("Deployment", "router", "NEXUS_ROUTER_GATE_MODEL_DIR"),
-                                             ("Deployment", "router", "NEXUS_ROUTER_LATE_READER_DIR"),
                                              ("DaemonSet", "engine", "NEXUS_ENGINE_SLOT_MODEL")])
 def test_trained_models_come_read_only_from_the_shared_claim(docs, kind, name, key):
-    """The router's gate model and late reader and the engine's slot reader: the paths the ConfigMap gives lie under a read-only mount
+    """The router's gate model and the engine's slot reader: the paths the ConfigMap gives lie under a read-only mount
     of the nexus-models claim, which every replica on any node can mount (ReadOnlyMany)."""
     path = get(docs, "ConfigMap", "nexus-config")["data"][key]
     spec = pod_spec(get(docs, kind, name))

@@ -19,7 +19,7 @@ def nexus_up(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("up")
     ports = {s: free_port() for s in ("router", "compiler", "engine")}
     mports = {s: free_port() for s in ports}
-    cmd = [sys.executable, "-m", "services.cli", "up", "--tools", str(TOOLS_DIR), "--store", str(tmp / "store"),
+    cmd = [sys.executable, "-m", "cli.main", "up", "--tools", str(TOOLS_DIR), "--store", str(tmp / "store"),
            "--log-dir", str(tmp / "log")] + [f"--{s}-port={p}" for s, p in ports.items()]
     # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is: Ctrl-C must still work
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

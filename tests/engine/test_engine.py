@@ -88,7 +88,7 @@ def test_four_threads_give_bit_identical_outputs(engine):
 
 
 def test_slot_reader_hints_steer_each_value_to_its_own_span(engine):
-    """The trained slot reader (var/models/slots, from `make models`) says which span states which parameter;
+    """The trained slot reader (var/models/slots, shipped in models/slots) says which span states which parameter;
     the copy bias holds each value to it (owner/repo of "octo/demo" are two values, not one: the model alone
     wrote "octo/demo" as the owner)."""
     assert engine._slots is not None, "no slot reader at var/models/slots: run `make setup`"

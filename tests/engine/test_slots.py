@@ -13,8 +13,8 @@ from services.engine.slots import (
     slot_question,
     top_spans,
 )
-from services.training.data import QueryLine
-from services.training.slots import (
+from training.data import QueryLine
+from training.slots import (
     SlotExample,
     SlotHyperParams,
     choose_threshold,
@@ -136,7 +136,7 @@ def reader():
 
     path = "var/models/slots"
     if not SlotModel.exists(path):
-        pytest.fail("no slot model at var/models/slots: run `make setup` (make models trains it)")
+        pytest.fail("no slot model at var/models/slots: run `make setup` (it links the shipped one)")
     return SlotModel(path, threads=1)
 
 
@@ -297,7 +297,7 @@ def test_train_slots_fine_tunes_a_reader_that_loads_and_keeps_it_while_the_data_
     """A real (tiny) fine-tune from the all-MiniLM-L6-v2 weights: one step over a few lines, its threshold chosen on
     their examples, written atomically; the same data again keeps it, other data retrains."""
     from services.engine.slots import SlotModel
-    from services.training.slots import train_slots
+    from training.slots import train_slots
 
     lines = [QueryLine(id=f"s{i}", server="github", tool="get_label", query=q, args=a) for i, (q, a) in enumerate([
         ("get the bug label of octo-org/web-app", {"owner": "octo-org", "repo": "web-app", "name": "bug"}),

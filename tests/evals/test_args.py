@@ -1,7 +1,7 @@
 """The argument evaluation's scoring and sampling (pure functions; the end-to-end run is `nexus eval args`)."""
 
-from services.evals.args import arg_hits, placeholder_count, sample_lines, tune_split, values_match
-from services.training.data import QueryLine, load_queries
+from evals.args import arg_hits, placeholder_count, sample_lines, tune_split, values_match
+from training.data import QueryLine, load_queries
 
 
 def test_values_match_types():
@@ -41,8 +41,8 @@ def test_sample_is_seeded_and_stratified():
 def test_a_fresh_sample_leaves_out_the_lines_of_an_earlier_report():
     import pytest
 
+    from evals.args import select_lines
     from services.common.errors import InvalidArgument
-    from services.evals.args import select_lines
 
     lines = [QueryLine(id=f"t-{i:04d}", server=s, tool="x", query="q", args={}, history=())
              for i, s in enumerate(["a", "b"] * 20)]
@@ -56,8 +56,8 @@ def test_a_fresh_sample_leaves_out_the_lines_of_an_earlier_report():
 
 
 def test_line_record_lists_each_arm_with_its_hits():
+    from evals.args import Row, line_record
     from services.engine.engine import Result
-    from services.evals.args import Row, line_record
 
     def res(args: str, valid: bool = True) -> Result:
         return Result("t", args, 1.0, 2.0, 3.0, 1.0, 10, 5, "text", "", valid)
@@ -77,7 +77,7 @@ def test_line_record_lists_each_arm_with_its_hits():
 def test_exclude_from_must_name_a_report_of_this_evaluation(tmp_path):
     import pytest
 
-    from services.cli import main
+    from cli.main import main
 
     bad = tmp_path / "other.json"
     bad.write_text('{"sizes": {}}')

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ROOT.parent / "shared" / "data" / "mcp_tools"
+TOOLS = ROOT / "data" / "mcp_tools"
 sys.path.insert(0, str(ROOT / "data"))
 
 from check_augment import check_lines, load_registry, main  # noqa: E402

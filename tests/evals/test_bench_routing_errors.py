@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from services.training.data import QueryLine
 from tests.conftest import REPO, load_bench
+from training.data import QueryLine
 
 SERVER = {"a1": "a", "a2": "a", "a3": "a", "b1": "b"}
 

@@ -1,4 +1,4 @@
-"""bench/routing_int8.py on the production gate model (the mechanics; its held-out figures need the fold models and
+"""bench/routing_int8.py on a gate model in its training form (conftest's small_gate: the mechanics; its held-out figures need the fold models and
 are the bench's): the three arms route every line at every size with the graph they name (the product's smoothed
 INT8 graph, and a plain one made in a temporary copy that leaves the model alone), the report pools them with the
 paired counts and latency percentiles, and the plot is written; bad flags are clear errors."""
@@ -11,19 +11,17 @@ import pytest
 
 from tests.conftest import REPO
 
-GATE = REPO / "var" / "models" / "gate"
-
 
 def _run(tmp_path, *extra):
     return subprocess.run([sys.executable, str(REPO / "bench" / "routing_int8.py"), "--json", str(tmp_path / "q.json"),
                            *extra], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
-def test_every_arm_routes_every_line_with_its_graph(tmp_path):
+def test_every_arm_routes_every_line_with_its_graph(tmp_path, small_gate):
     from services.router.onnx_encoder import INT8_METHOD, int8_method
 
-    if int8_method(GATE / "query_encoder") != INT8_METHOD:
-        pytest.fail("no smoothed INT8 query encoder in var/models/gate: run `make setup` (make models writes it)")
+    GATE = small_gate
+    assert int8_method(GATE / "query_encoder") == INT8_METHOD
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (GATE / "query_encoder" / "onnx").iterdir())
     out = _run(tmp_path, "--folds", "1", "--gates", str(GATE), "--limit", "5", "--draws", "2", "--sizes", "10,all")
     assert out.returncode == 0, out.stderr[-3000:]

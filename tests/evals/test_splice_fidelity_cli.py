@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.evals.splice_fidelity import (
+from evals.splice_fidelity import (
     ARMS,
     add_drift_parser,
     add_fidelity_parser,

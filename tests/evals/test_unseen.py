@@ -1,4 +1,4 @@
-"""The unseen-tools protocol (services/evals/unseen.py): folds by server, the arms' scoring, and a small real run
+"""The unseen-tools protocol (evals/unseen.py): folds by server, the arms' scoring, and a small real run
 through ``nexus eval routing --protocol unseen``."""
 
 import json
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from services.evals import unseen
-from services.training.data import QueryLine, load_registry
+from evals import unseen
 from tests.conftest import QUERIES, TOOLS_DIR
+from training.data import QueryLine, load_registry
 
 
 def test_server_folds_keep_github_families_together_and_balance_tool_counts():
@@ -73,7 +73,7 @@ def test_the_summary_pools_line_draws_and_pairs_with_dense():
 def test_nexus_eval_routing_protocol_unseen_writes_a_report_and_plot(tmp_path):
     """Three small servers, 2 folds by server, through the CLI: every arm and size reported, no line scored by a
     fold that holds its server, the choice of pooling made on the other fold's lines."""
-    from services.cli import main
+    from cli.main import main
 
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -109,7 +109,7 @@ def test_the_gate_arms_train_each_fold_without_its_servers_and_read_derived_requ
     tools, its lines none of their lines; ``gate+derived`` reads derived requests from the store (a file written
     here, one request per tool: the mechanics, not the generator)."""
     from services.compiler.derive import encode_derived  # noqa: F401 - the artifact format the arm writes
-    from services.training.gate import GateHyperParams
+    from training.gate import GateHyperParams
 
     keep = ("time", "redis", "sqlite", "puppeteer")
     tools = tmp_path / "tools"

@@ -35,7 +35,7 @@ def time_server() -> str:
 
 
 def run_cli(argv: list[str]) -> int:
-    """`nexus ingest …` as services/cli.py runs it once `add_ingest_parser` is wired in."""
+    """`nexus ingest …` as cli/main.py runs it once `add_ingest_parser` is wired in."""
     parser = argparse.ArgumentParser(prog="nexus")
     add_ingest_parser(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(["ingest", *argv])

@@ -124,7 +124,7 @@ def test_router_compiler_client_passes_tls_and_token(tls_compiler, certs):
 
 
 def test_cli_flags_build_tls_credentials_and_token(certs, tmp_path):
-    from services.cli import build_parser, client_security
+    from cli.main import build_parser, client_security
 
     (tmp_path / "tok").write_text(TOKEN)
     args = build_parser().parse_args(["route", "hello", "--tls-ca", str(certs["ca"]), "--token-file",

@@ -2,7 +2,7 @@
 
 import argparse
 
-from services.evals.cli_routing import _hp_from_args, add_routing_eval_parser, add_train_gate_parser
+from evals.cli_routing import _hp_from_args, add_routing_eval_parser, add_train_gate_parser
 
 
 def _parser():
@@ -52,11 +52,3 @@ def test_eval_routing_draws_default_to_one_and_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args([*base, "--draws", "0"])
     assert "must be >= 1" in capsys.readouterr().err
-
-
-def test_eval_routing_reads_each_fold_models_late_reader_unless_told_otherwise():
-    base = ["eval", "routing", "--queries", "q", "--tools", "t", "--json", "o.json"]
-    assert _parser().parse_args(base).late_reader is True  # the default router's stage
-    assert _parser().parse_args([*base, "--no-late-reader"]).late_reader is False
-    a = _parser().parse_args([*base, "--slots", "var/models/slots"])
-    assert a.late_reader and a.slots  # run() routes with the slot reader then: the stage reads one reader

@@ -44,7 +44,7 @@ def router(tmp_path, tools=TOOLS, **kw) -> Router:
     store = LocalStore(tmp_path / "store")
     if tools:
         store.registry_put(tools)
-    cfg = RouterConfig(store_url=str(store.root), gate_model_dir="", arg_evidence=False, native_scan=False, **kw)
+    cfg = RouterConfig(store_url=str(store.root), gate_model_dir="", native_scan=False, **kw)
     r = Router(cfg, store, BagOfWords())
     asyncio.run(r.sync(force=True))
     return r

@@ -5,9 +5,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from evals.routing import concat_prompt, names_grammar, registries_for, summarize, summarize_draws
 from services.common.errors import InvalidArgument
-from services.evals.routing import concat_prompt, names_grammar, registries_for, summarize, summarize_draws
-from services.training.data import (
+from tests.conftest import REPO
+from training.data import (
     assign_folds,
     equivalents,
     is_correct,
@@ -16,7 +17,6 @@ from services.training.data import (
     parse_sizes,
     query_registry,
 )
-from tests.conftest import REPO
 
 QUERIES = REPO / "data" / "queries" / "train.jsonl"
 TOOLS = REPO / "data" / "mcp_tools"
@@ -120,7 +120,7 @@ def test_one_draw_summarizes_as_before_and_several_pool_with_a_bootstrap_over_li
 
 
 def test_draws_are_independent_and_the_first_is_the_single_draw(data):
-    from services.evals.routing import load_protocol
+    from evals.routing import load_protocol
 
     lines, registry = data
     assert registries_for(lines[:50], ["10"], registry, 0, draw=0) == registries_for(lines[:50], ["10"], registry, 0)
@@ -144,7 +144,7 @@ def test_concat_prompt_holds_every_schema_and_grammar_only_names(data):
 
 
 def test_load_protocol_is_the_evaluations_folds_and_registries():
-    from services.evals.routing import load_protocol
+    from evals.routing import load_protocol
 
     q, t = str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools")
     proto = load_protocol(q, t, "10,all")
@@ -159,7 +159,7 @@ def test_load_protocol_is_the_evaluations_folds_and_registries():
 def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path, capsys):
     import json
 
-    from services.evals.routing import pooled_top1, write_report
+    from evals.routing import pooled_top1, write_report
 
     seen = []
     png = write_report(str(tmp_path / "sub" / "r.json"), {"x": 1}, lambda rep, path: seen.append((rep, path)))
@@ -171,7 +171,7 @@ def test_write_report_writes_the_json_and_the_plot_beside_it(tmp_path, capsys):
 
 
 def test_arms_pool_over_lines_and_draws_with_paired_counts_against_the_base():
-    from services.evals.routing import pool_line_draws
+    from evals.routing import pool_line_draws
 
     hits = {"base": {"250": {"a#0": True, "a#1": False, "b#0": True, "b#1": True}},
             "new": {"250": {"a#0": True, "a#1": True, "b#0": False, "b#1": True}}}
@@ -182,23 +182,10 @@ def test_arms_pool_over_lines_and_draws_with_paired_counts_against_the_base():
     assert paired == {"new": {"250": {"fixed": 1, "broken": 1}}}
 
 
-def test_stage_arm_figures_add_the_sign_test_and_the_share_escalated():
-    from services.evals.routing import pool_line_draws, stage_arm_figures
-    from services.evals.stats import sign_test
-
-    hits = {"off": {"250": {f"l{i}#0": i < 5 for i in range(20)}},
-            "on": {"250": {f"l{i}#0": i < 15 for i in range(20)}}}
-    esc = {"off": {"250": [False] * 20}, "on": {"250": [True] * 5 + [False] * 15}}
-    pooled, paired, rates = stage_arm_figures(hits, esc, "off")
-    assert pooled == pool_line_draws(hits, "off")[0]
-    assert paired == {"on": {"250": {"fixed": 10, "broken": 0, "sign_test_p": sign_test(10, 0)}}}
-    assert sign_test(10, 0) == 2 / 2 ** 10 and rates == {"off": {"250": 0.0}, "on": {"250": 0.25}}
-
-
 def test_extra_lines_keep_the_registered_tools_only(tmp_path):
     import json
 
-    from services.evals.routing import load_protocol
+    from evals.routing import load_protocol
 
     q, t = str(REPO / "data" / "queries" / "train.jsonl"), str(REPO / "data" / "mcp_tools")
     proto = load_protocol(q, t, "10")

@@ -14,8 +14,9 @@ from services.common.store import LocalStore
 from services.router.config import RouterConfig
 from services.router.keys import LexicalIndex, alt_tool_text, query_part
 from services.router.router import HistoryTurn, Router
-from services.training.data import equivalents, load_queries, load_registry
-from services.training.gate import (
+from tests.conftest import REPO
+from training.data import equivalents, load_queries, load_registry
+from training.gate import (
     EXEMPLAR_GRID,
     EXEMPLAR_TEMPERATURES,
     LEXICAL_GRID,
@@ -27,7 +28,6 @@ from services.training.gate import (
     setting_name,
     train_gate,
 )
-from tests.conftest import REPO
 
 SERVERS = {"time", "redis"}
 HP = GateHyperParams(seed=3, q_epochs=1, ce_epochs=1, q_batch=16, ce_batch_groups=16, val_fraction=0.25,
@@ -240,7 +240,7 @@ def test_a_gate_directory_scores_in_float_what_the_router_scans(tiny, embedder, 
     router's scores at fp32 to INT8 noise, tool bias included; a request's own exemplar row can be left out."""
     from dataclasses import fields
 
-    from services.evals.routing_models import FoldModel, GateScorer, load_scorer
+    from evals.routing_models import FoldModel, GateScorer, load_scorer
 
     bias = {"set": 0.4}
     gate_dir = _with_tau(tiny, -1e9, exemplar_weight=0.75, exemplar_temperature=0.02, tool_bias=bias)
@@ -313,7 +313,7 @@ def test_registry_changes_reach_a_second_replica(tiny, embedder, tmp_path):
 def test_augment_lines_join_the_fit_split_only(tiny):
     from pathlib import Path
 
-    from services.evals.routing_models import load_augment
+    from evals.routing_models import load_augment
 
     aug_dir = Path(__file__).resolve().parents[2] / "data" / "routing_augment"
     extra = [ln for ln in load_augment(aug_dir) if ln.server in SERVERS]
@@ -334,7 +334,7 @@ def test_augment_lines_join_the_fit_split_only(tiny):
 def _calibration_lines():
     from pathlib import Path
 
-    from services.evals.routing_models import load_augment
+    from evals.routing_models import load_augment
 
     return [ln for ln in load_augment(Path(__file__).resolve().parents[2] / "data" / "routing_calibration")
             if ln.server in SERVERS]
@@ -386,7 +386,7 @@ def test_single_query_fast_path_gives_the_encode_vector(tiny):
 
 
 def test_the_cross_encoder_is_switched_on_only_for_a_real_validation_gain():
-    from services.training.gate import CE_MIN_GAIN, choose_alpha
+    from training.gate import CE_MIN_GAIN, choose_alpha
 
     grid = (0.0, 0.05, 0.2, 0.5)
     # session 5's production model: +1.4 points (2 of 144 lines) at 0.05 -> stays off
@@ -398,7 +398,7 @@ def test_the_cross_encoder_is_switched_on_only_for_a_real_validation_gain():
 
 
 def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
-    from services.training.gate import Example, exemplar_gap
+    from training.gate import Example, exemplar_gap
 
     e = np.eye(4, dtype=np.float32)
     keys = np.stack([e[0], e[1]])  # tools a, b
@@ -420,7 +420,7 @@ def test_exemplar_gap_is_the_median_lift_of_the_right_tools_best_exemplar():
 def test_warmup_linear_rises_over_a_tenth_then_decays_to_zero():
     import torch
 
-    from services.training.gate import warmup_linear
+    from training.gate import warmup_linear
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     sched = warmup_linear(opt, 20)
@@ -435,7 +435,7 @@ def test_warmup_linear_rises_over_a_tenth_then_decays_to_zero():
 
 
 def test_leave_one_out_scores_are_the_scores_without_that_exemplar():
-    from services.training.gate import float_tool_scores
+    from training.gate import float_tool_scores
 
     rng = np.random.default_rng(0)
     keys, ex = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(12, 8)).astype(np.float32)
@@ -453,7 +453,7 @@ def test_leave_one_out_scores_are_the_scores_without_that_exemplar():
 
 
 def test_the_tool_bias_lifts_a_tool_its_neighbour_keeps_beating():
-    from services.training.gate import fit_tool_bias
+    from training.gate import fit_tool_bias
 
     # tool 1's requests score tool 0 a little higher (the SLB errs on all of them); tool 0's own requests win by far;
     # tool 2 has no request
@@ -485,7 +485,7 @@ def test_exemplar_keys_and_bias_follow_the_schema_not_the_name_through_register_
     gate = _with_tau(tiny, -1e9, exemplar_weight=0.75, tool_bias={"get_current_time": 0.3})
     store_url = str(tmp_path / "store")
     compiler = start_compiler(store_url)
-    router = start_router(store_url, compiler.addr, gate_model_dir=str(gate), arg_evidence=False, native_scan=False)
+    router = start_router(store_url, compiler.addr, gate_model_dir=str(gate), native_scan=False)
     try:
         with NexusClient(router=router.addr, timeout_s=120) as client:
             client.register([t.to_json() for t in tiny["tools"]])
@@ -511,7 +511,7 @@ def test_exemplar_keys_and_bias_follow_the_schema_not_the_name_through_register_
                 if n not in ("get_current_time", "convert_time"):
                     assert after[n] == pytest.approx(s, abs=1e-4)
             r = Router(RouterConfig(store_url=store_url, gate_model_dir=str(gate), native_scan=False,
-                                    arg_evidence=False, derived_keys=False), LocalStore(store_url), Embedder(""))
+                                    derived_keys=False), LocalStore(store_url), Embedder(""))
             asyncio.run(r.sync(force=True))
             snap = r.index._snap
             assert snap.bias is None or snap.bias[snap.pos["get_current_time"]] == 0.0

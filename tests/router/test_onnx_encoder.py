@@ -19,7 +19,7 @@ from services.common.models import default_embedder_path
 from services.router import onnx_encoder
 from services.router.gate import GATE_FORMAT, GateModel, exemplar_texts, export_query_onnx
 from services.router.onnx_encoder import INT8_METHOD, INT8_PLAIN, MIN_COSINE_INT8, int8_method, onnx_path
-from services.training import gate as training
+from training import gate as training
 
 LONG = " ".join(["schedule a meeting with the design team tomorrow at 3pm in the big room"] * 30)
 REQUESTS = [
@@ -206,8 +206,8 @@ def test_export_of_other_weights_is_refused(gate_dir, tmp_path, caplog, precisio
 
 
 def test_cached_model_without_export_gets_one(tmp_path, monkeypatch):
-    from services.training.data import equivalents, load_queries, load_registry
     from tests.conftest import QUERIES, TOOLS_DIR
+    from training.data import equivalents, load_queries, load_registry
 
     registry = load_registry(TOOLS_DIR)
     tools = [t for t in registry.tools if registry.server_of[t.name] == "time"]

@@ -1,0 +1,1 @@
+"""The ``nexus`` command line (cli/main.py): runs services, clusters, training and evaluations."""

@@ -1,0 +1,172 @@
+"""Ship the trained models: their serving form into models/, with models/manifest.json.
+
+    python -m training.ship --cache ~/.cache/nexus/models [--out models]     (the last step of `make train`)
+
+Training writes full model directories (torch weights, fp32 graphs, the cross-encoder) into a cache outside the
+clone. What ships is what the services run, nothing else (~52 MB):
+
+    gate/         gate.json, exemplars.jsonl, exemplars.npy (float16: the SLB scans INT8), query_encoder/ (tokenizer,
+                  onnx/sentence_embedding.int8.onnx, probe.json: the truncation length and the torch vector of
+                  onnx_encoder.PROBE the graph is checked against at load). No cross-encoder: alpha is 0.
+    slots/        slots.json, reader/ (tokenizer, model.int8.onnx: ``training.slots.export_onnx``)
+
+The manifest lists every file (size, sha256) and each model's recipe key (``training.recipes``);
+``scripts/models.py verify`` checks it in `make setup`, tests/training/test_ship.py keeps the keys current.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.recipes import REPO, recipe_key
+
+FORMAT = "nexus-models-v1"
+MAX_BYTES = 80_000_000  # the issue's budget: every retrain adds this much to the repo's history at most
+MIN_PARITY = 0.99  # the shipped INT8 gate must route the calibration lines as the model it was exported from
+
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "config.json")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def ship_gate(src: Path, dst: Path) -> None:
+    from services.router import onnx_encoder
+    from services.router.gate import PROBE_FILE, GateModel
+
+    for f in ("gate.json", "exemplars.jsonl"):
+        _copy(src / f, dst / f)
+    np.save(dst / "exemplars.npy", np.load(src / "exemplars.npy").astype(np.float16))
+    q, out = src / "query_encoder", dst / "query_encoder"
+    for f in TOKENIZER:
+        _copy(q / f, out / f)
+    _copy(onnx_encoder.onnx_path(q, "int8"), onnx_encoder.onnx_path(out, "int8"))
+    gate = GateModel(src, threads=2, precision="fp32")
+    if gate.query_stack is None:
+        raise ValueError(f"the query encoder of {src} is not Transformer + mean pooling: its graph cannot ship")
+    probe = {"max_len": gate.query_stack[2], "text": onnx_encoder.PROBE,
+             "vector": [float(x) for x in gate.probe_vector()]}
+    (out / PROBE_FILE).write_text(json.dumps(probe) + "\n")
+
+
+def ship_slots(src: Path, dst: Path) -> None:
+    from services.engine.slots import ONNX_FILE
+    from training.slots import export_onnx
+
+    _copy(src / "slots.json", dst / "slots.json")
+    for f in TOKENIZER:
+        _copy(src / "reader" / f, dst / "reader" / f)
+    export_onnx(src / "reader", dst / "reader" / ONNX_FILE)
+
+
+SHIPPERS = {"gate": ship_gate, "slots": ship_slots}
+
+
+def gate_parity(trained: Path, served: Path, tools: Path, lines) -> dict[str, Any]:
+    """Route ``lines`` over the whole registry at ``tools`` with two production routers: the gate model as trained
+    (torch weights, fp32) and its shipped serving form (INT8 graph, float16 exemplar keys). ``agree`` is the share
+    of lines both send to the same tool (``make train`` refuses to ship under ``MIN_PARITY``)."""
+    import asyncio
+
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+    from services.common.tools import load_registry_dir
+    from services.router.config import RouterConfig
+    from services.router.router import HistoryTurn, Router
+
+    embedder = Embedder("")
+    picks = {}
+    with tempfile.TemporaryDirectory(prefix="nexus-parity-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(load_registry_dir(str(tools)))
+        for arm, gdir, precision in (("trained", trained, "fp32"), ("served", served, "int8")):
+            router = Router(RouterConfig(store_url=tmp, gate_model_dir=str(gdir), torch_threads=1,
+                                         query_encoder_precision=precision), store, embedder)
+            if router.gate is None:
+                raise ValueError(f"parity: the gate model at {gdir} did not load")
+            asyncio.run(router.sync(force=True))
+            picks[arm] = [router.route(ln.query, [HistoryTurn(r, c) for r, c in ln.history]).tool for ln in lines]
+    same = sum(a == b for a, b in zip(picks["trained"], picks["served"], strict=True))
+    return {"n": len(lines), "agree": same / max(len(lines), 1),
+            "right_trained": sum(p == ln.tool for p, ln in zip(picks["trained"], lines, strict=True)),
+            "right_served": sum(p == ln.tool for p, ln in zip(picks["served"], lines, strict=True))}
+
+
+def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lines=None) -> dict[str, Any]:
+    """Write each model's serving form from ``cache/<model>`` into ``out/<model>`` and the manifest
+    ``out/manifest.json`` (other files of ``out``, e.g. gguf.json, are left alone). Atomic per model. The gate's
+    ``gate_parity`` on ``parity_lines`` (default: the calibration lines) is recorded and must reach ``MIN_PARITY``."""
+    manifest: dict[str, Any] = {"format": FORMAT, "models": {}}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, fn in SHIPPERS.items():
+        src = cache / name
+        if not src.is_dir():
+            raise FileNotFoundError(f"no trained {name} at {src}: `make train` trains it")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        try:
+            fn(src, tmp)
+            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256(p)}
+                     for p in sorted(tmp.rglob("*")) if p.is_file()}
+            if (out / name).exists():
+                shutil.rmtree(out / name)
+            tmp.rename(out / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        manifest["models"][name] = {"recipe": recipe_key(name, repo), "trained": _trained(src, name),
+                                    "files": files}
+        if name == "gate":
+            if parity_lines is None:
+                from training.data import load_augment
+                from training.recipes import CALIBRATION
+
+                parity_lines = load_augment(str(repo / CALIBRATION))
+            parity = gate_parity(src, out / name, repo / "data" / "mcp_tools", parity_lines)
+            if parity["agree"] < MIN_PARITY:
+                raise ValueError(f"the shipped gate routes {parity['agree']:.1%} of {parity['n']} lines as its "
+                                 f"training form, under {MIN_PARITY:.0%}: not shipped")
+            manifest["models"][name]["parity"] = parity
+    total = sum(f["size"] for m in manifest["models"].values() for f in m["files"].values())
+    if total > MAX_BYTES:
+        raise ValueError(f"the shipped models take {total / 1e6:.1f} MB, over the {MAX_BYTES / 1e6:.0f} MB budget")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _trained(src: Path, name: str) -> dict[str, Any]:
+    """What the training record says of the model (for people: the recipe key is what tests check)."""
+    meta = json.loads((src / {"gate": "gate.json", "slots": "slots.json"}[name]).read_text())
+    keys = ("data_hash", "train_seconds", "n_fit", "n_val", "n_train", "val_accuracy", "threshold")
+    return {k: meta[k] for k in keys if k in meta}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m training.ship", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", required=True, help="the trained models (make train's MODEL_CACHE)")
+    ap.add_argument("--out", default=str(REPO / "models"))
+    args = ap.parse_args(argv)
+    doc = ship(Path(args.cache).expanduser(), Path(args.out))
+    for name, m in doc["models"].items():
+        size = sum(f["size"] for f in m["files"].values())
+        print(f"{name}: {len(m['files'])} files, {size / 1e6:.1f} MB, recipe {m['recipe']}")
+    print(f"wrote {Path(args.out) / 'manifest.json'}: commit models/ (one set of weights per retrain)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
