@@ -24,7 +24,7 @@ def _hp_from_args(args: argparse.Namespace):
     from training.gate import GateHyperParams
 
     kw = {"seed": args.seed}
-    for name in ("q_epochs", "ce_epochs", "q_lr", "ce_lr", "ce_negatives", "ce_top_k", "threads"):
+    for name in ("q_epochs", "ce_epochs", "q_lr", "ce_lr", "ce_negatives", "ce_top_k", "threads", "encoder"):
         v = getattr(args, name, None)
         if v is not None:
             kw[name] = v
@@ -62,6 +62,9 @@ def _add_hp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ce-negatives", dest="ce_negatives", type=int, help="hard negatives per query")
     p.add_argument("--ce-top-k", dest="ce_top_k", type=int, help="candidates the cross-encoder re-ranks")
     p.add_argument("--threads", type=int, help="torch threads (default 2)")
+    p.add_argument("--encoder", help="build on this sentence-transformers encoder (training/public.py's; its own "
+                                     "vectors key the tools) instead of all-MiniLM-L6-v2; with --q-epochs 0 "
+                                     "--ce-epochs 0 it is the shipped recipe (training/recipes.py)")
 
 
 def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:

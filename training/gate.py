@@ -120,6 +120,25 @@ class GateHyperParams:
     tau_percentile: float = 20.0
     max_turns: int = 4
     threads: int = 2
+    # The encoder every vector starts from: "" = all-MiniLM-L6-v2 (the wheel), else a sentence-transformers directory
+    # (training/public.py's encoder, trained on public tools only). With one, the tool keys are that encoder's own
+    # vectors of the tool texts (gate.json tool_keys = "query_encoder": the router embeds them with the gate model's
+    # graph); q_epochs = 0 keeps the encoder as trained (nothing of the registry's lines in its weights) and
+    # ce_epochs = 0 trains no cross-encoder (alpha 0).
+    encoder: str = ""
+
+
+def base_encoder_path(hp: GateHyperParams) -> Path:
+    """The directory every vector of a gate model starts from (``GateHyperParams.encoder``)."""
+    from services.common.models import resolve_embedder
+
+    return resolve_embedder(hp.encoder)
+
+
+def hp_dict(hp: GateHyperParams) -> dict[str, Any]:
+    """The hyper-parameters as hashed: a switch at its default stays out (models trained before it existed keep
+    their hash, and the shipped recipe its key)."""
+    return {k: v for k, v in asdict(hp).items() if not ((k == "ce_extra" and not v) or (k == "encoder" and not v))}
 
 
 @dataclass(frozen=True)
@@ -172,8 +191,7 @@ def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperP
     h.update(TRAINING_VERSION.encode())
     h.update(base_fp.encode())
     # a switch at its default stays out of the hash (models trained before it existed keep their cache)
-    h.update(json.dumps({k: v for k, v in asdict(hp).items() if not (k == "ce_extra" and not v)},
-                        sort_keys=True).encode())
+    h.update(json.dumps(hp_dict(hp), sort_keys=True).encode())
     for e in sorted(examples, key=lambda e: e.id):
         h.update(json.dumps([e.id, e.text, e.tool, sorted(e.positives)]).encode())
     for t in sorted(tools, key=lambda t: t.name):
@@ -253,7 +271,7 @@ def train_query_encoder(fit: list[Example], val: list[Example], names: list[str]
     from sentence_transformers import SentenceTransformer
 
     _seed_all(hp.seed)
-    model = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    model = SentenceTransformer(str(base_encoder_path(hp)), device="cpu")
     model.max_seq_length = hp.q_max_len
     K = torch.tensor(keys)
     pos_fit = torch.tensor(_positive_mask(fit, names))
@@ -437,7 +455,7 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
 
     names = [t.name for t in tools]
     by_name = {t.name: t for t in tools}
-    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    base = SentenceTransformer(str(base_encoder_path(hp)), device="cpu")
     if keys is None:
         keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
     alt = _encode_eval(base, [alt_tool_text(by_name[n]) for n in names])
@@ -530,10 +548,13 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     margins = np.array([c[0][1] - c[1][1] for c in cands if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
     ce_texts = {n: ce_tool_text(by_name[n]) for n in names}
-    with torch.inference_mode():
-        logits = [ce.predict([(e.text, ce_texts[n]) for n, _ in c[: hp.ce_top_k]], show_progress_bar=False,
-                             activation_fn=torch.nn.Identity(), convert_to_numpy=True)
-                  for e, c in zip(cal, cands, strict=True)]
+    if ce is None:  # no cross-encoder: every weight but 0 scores as 0 (it cannot change a decision)
+        logits = [np.zeros(len(c[: hp.ce_top_k]), np.float32) for c in cands]
+    else:
+        with torch.inference_mode():
+            logits = [ce.predict([(e.text, ce_texts[n]) for n, _ in c[: hp.ce_top_k]], show_progress_bar=False,
+                                 activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+                      for e, c in zip(cal, cands, strict=True)]
     by_alpha = {}
     for a in hp.alpha_grid:
         ok = 0
@@ -684,7 +705,8 @@ def _calibrate_existing(out: Path, doc: dict[str, Any], examples: Sequence[Examp
     val_ids = set(doc.get("val_ids") or [])
     val = [e for e in examples if e.id in val_ids]
     qenc = SentenceTransformer(str(out / "query_encoder"), device="cpu")
-    ce = CrossEncoder(str(out / "cross_encoder"), device="cpu", max_length=hp.ce_max_len)
+    ce = (CrossEncoder(str(out / "cross_encoder"), device="cpu", max_length=hp.ce_max_len)
+          if (out / "cross_encoder").is_dir() else None)
     _seed_all(hp.seed)
     exemplars = exemplar_examples([e for e in examples if e.id not in val_ids], extra)
     ex_vecs = _encode_eval(qenc, [e.text for e in exemplars])
@@ -726,12 +748,13 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         raise ValueError("no training line routes to a tool of the registry")
     extra_examples = make_examples(extra, set(names), equivalents, hp.max_turns)
     calib_examples = make_examples(calibration, set(names), equivalents, hp.max_turns)
-    base_fp = dir_fingerprint(default_embedder_path())
+    base_fp = dir_fingerprint(base_encoder_path(hp))
     digest = data_hash(examples, tools, hp, base_fp, extra_examples)
     existing = out / "gate.json"
     if existing.is_file() and not force:
         doc = json.loads(existing.read_text())
-        if doc.get("data_hash") == digest and (out / "query_encoder").is_dir() and (out / "cross_encoder").is_dir():
+        if doc.get("data_hash") == digest and (out / "query_encoder").is_dir() and (
+                (out / "cross_encoder").is_dir() or not hp.ce_epochs):
             log.info("gate model %s is up to date (hash %s); skipping training", out, digest[:12])
             slb = doc.get("slb", {})
             if (slb.get("version") != SLB_CALIBRATION_VERSION
@@ -752,7 +775,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     t0 = time.time()
     fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)
     fit = fit_real + extra_examples
-    base = SentenceTransformer(str(default_embedder_path()), device="cpu")
+    base = SentenceTransformer(str(base_encoder_path(hp)), device="cpu")
     keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
     del base
     qenc, q_report = train_query_encoder(fit, val, names, keys, hp, progress)
@@ -771,7 +794,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     margins = np.array([c[0][1] - c[1][1] for c in slb_rank(index, val_vecs, 2) if len(c) > 1], np.float32)
     tau = float(np.percentile(margins, hp.tau_percentile)) if len(margins) else 0.0
     ce_texts = {n: ce_tool_text(by_name[n]) for n in names}
-    ce, ce_report = train_cross_encoder(ce_fit, val, fit_cands, val_cands, ce_texts, hp, progress)
+    ce, ce_report = (train_cross_encoder(ce_fit, val, fit_cands, val_cands, ce_texts, hp, progress) if hp.ce_epochs
+                     else (None, {"alpha": 0.0, "best_epoch": 0, "trained": False}))
 
     # validation of the whole gated decision (the rule the router applies)
     gated_ok, escalated = 0, 0
@@ -782,7 +806,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
             for e, cands in zip(val, val_cands, strict=True):
                 margin = cands[0][1] - cands[1][1] if len(cands) > 1 else float("inf")
                 pick = cands[0][0]
-                if margin < tau:
+                if margin < tau and ce is not None:
                     escalated += 1
                     lg = ce.predict([(e.text, ce_texts[n]) for n, _ in cands], show_progress_bar=False,
                                     activation_fn=torch.nn.Identity(), convert_to_numpy=True)
@@ -801,6 +825,9 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         "max_turns": hp.max_turns,
         "hyperparams": asdict(hp),
         "n_tools": len(names),
+        # whose vectors the tool text keys are: the base embedder's (the compiler stores them), or the gate model's
+        # own query encoder's (a model built on a given encoder: the router embeds the tool texts with it)
+        "tool_keys": "query_encoder" if hp.encoder else "base",
         # what each trained tool *is*: the router gives a registered tool the exemplar keys and bias of the trained
         # tool with its schema hash, never of one that merely shares its name
         "tool_schemas": tool_schemas(tools),
@@ -825,7 +852,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     try:
         qenc.save(str(tmp / "query_encoder"))
         export_query_onnx(tmp / "query_encoder", qenc, [e.text for e in exemplars])
-        ce.save(str(tmp / "cross_encoder"))
+        if ce is not None:
+            ce.save(str(tmp / "cross_encoder"))
         (tmp / "gate.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
         # the exemplar keys of the SLB (weight chosen on validation, slb.exemplar_weight): fit + extra requests
         write_exemplars(tmp, exemplars, ex_vecs)
@@ -850,5 +878,5 @@ def default_gate_dir(lines: Sequence[Any], tools: Sequence[Tool], hp: GateHyperP
     eq = equivalents or (lambda t: frozenset({t}))
     names = {t.name for t in tools}
     digest = data_hash(make_examples(lines, names, eq, hp.max_turns), tools, hp,
-                       dir_fingerprint(default_embedder_path()), make_examples(extra, names, eq, hp.max_turns))
+                       dir_fingerprint(base_encoder_path(hp)), make_examples(extra, names, eq, hp.max_turns))
     return Path(root) / f"gate-{digest[:16]}"

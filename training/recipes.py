@@ -29,7 +29,10 @@ CALIBRATION = "data/routing_calibration"
 def _gate_params() -> dict[str, Any]:
     from training.gate import GateHyperParams
 
-    return asdict(GateHyperParams())
+    params = asdict(GateHyperParams())
+    if not params["encoder"]:  # a switch at its default stays out: the key of a model made before it holds
+        del params["encoder"]
+    return params
 
 
 def _slot_params() -> dict[str, Any]:

@@ -22,6 +22,7 @@ score itself may use each tool's alternate key and a lexical addend (``gate.json
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -145,6 +146,14 @@ class GateModel:
         if self.onnx is None:
             raise ValueError(f"{qdir} holds no usable ONNX graph at {precision} and no torch weights (the shipped "
                              "gate model carries its INT8 graph only; `make train` writes the full model)")
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What the query encoder's vectors are keyed by in the store (its files' bytes): tool keys embedded with it
+        (a model built on a given encoder, gate.json tool_keys) are cached under it."""
+        from services.common.models import dir_fingerprint
+
+        return dir_fingerprint(Path(self.info.path) / "query_encoder")
 
     def probe_vector(self) -> np.ndarray:
         """The query encoder's fp32 (torch) vector of ``onnx_encoder.PROBE``: what a graph of this encoder must give."""

@@ -188,19 +188,20 @@ class Router:
                 vecs[name] = self.index.vector(name)
             else:
                 missing.append(tool)
-        # Batch-embed the tools whose artifact is not in the store (first start, other embedder).
+        # Batch-embed the tools whose artifact is not in the store (first start, other key encoder).
+        fingerprint, dim, embed = self._key_encoder()
         need_embed: list[Tool] = []
         for tool in missing:
-            key = embedding_key(tool, self.embedder.fingerprint)
+            key = embedding_key(tool, fingerprint)
             try:
-                vecs[tool.name] = decode_embedding(self.store.get(key), self.embedder.dim)
+                vecs[tool.name] = decode_embedding(self.store.get(key), dim)
             except (ArtifactNotFound, DataCorruption, ValueError):
                 need_embed.append(tool)
         if need_embed:
-            mat = self.embedder.embed([tool_text(t) for t in need_embed])
+            mat = embed([tool_text(t) for t in need_embed])
             for t, v in zip(need_embed, mat, strict=True):
-                self.store.put(embedding_key(t, self.embedder.fingerprint), encode_embedding(v),
-                               {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim})
+                self.store.put(embedding_key(t, fingerprint), encode_embedding(v),
+                               {"tool": t.name, "schema_hash": t.schema_hash, "dim": dim})
                 vecs[t.name] = v
         # Build the new index and views first, then swap: routing keeps using the old ones meanwhile.
         if self.gate is not None and self.gate.info.alt_keys:
@@ -224,6 +225,15 @@ class Router:
         )
         log.info("registry loaded", extra={"tools": len(tools), "version": version, "derived_keys": len(derived),
                                            "derived_pending": len(self._pending_derived)})
+
+    def _key_encoder(self) -> tuple[str, int, Callable[[list[str]], np.ndarray]]:
+        """(fingerprint, dim, embed) of what embeds the tool texts: the base embedder (the compiler stores its
+        vectors), or the gate model's own encoder when the model was built on one (gate.json tool_keys)."""
+        gate = self.gate
+        if gate is not None and gate.info.meta.get("tool_keys") == "query_encoder":
+            # each text through the very path a request takes (its graph, INT8 by default): keys and queries agree
+            return gate.fingerprint, gate.dim, lambda texts: np.stack([gate.embed_query(t) for t in texts])
+        return self.embedder.fingerprint, self.embedder.dim, self.embedder.embed
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """Requests embedded as the router embeds a query (the gate's query encoder, else the base embedder)."""
@@ -273,25 +283,26 @@ class Router:
         """Alternate keys (``keys.alt_tool_text`` embedded with the base embedder), cached in the store."""
         out: dict[str, np.ndarray] = {}
         need: list[Tool] = []
+        fingerprint, dim, embed = self._key_encoder()
         for name, tool in tools.items():
-            key = self._alt_key_name(tool)
+            key = self._alt_key_name(tool, fingerprint)
             try:
-                out[name] = decode_embedding(self.store.get(key), self.embedder.dim)
+                out[name] = decode_embedding(self.store.get(key), dim)
             except (ArtifactNotFound, DataCorruption, ValueError):
                 need.append(tool)
         if need:
-            mat = self.embedder.embed([alt_tool_text(t) for t in need])
+            mat = embed([alt_tool_text(t) for t in need])
             for t, v in zip(need, mat, strict=True):
-                self.store.put(self._alt_key_name(t), encode_embedding(v),
-                               {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim,
-                                "text": ALT_KEY_VERSION})
+                self.store.put(self._alt_key_name(t, fingerprint), encode_embedding(v),
+                               {"tool": t.name, "schema_hash": t.schema_hash, "dim": dim, "text": ALT_KEY_VERSION})
                 out[t.name] = v
         return out
 
-    def _alt_key_name(self, tool: Tool) -> str:
+    @staticmethod
+    def _alt_key_name(tool: Tool, fingerprint: str) -> str:
         from services.common.store import artifact_key
 
-        return artifact_key("embalt", self.embedder.fingerprint, tool.schema_hash)
+        return artifact_key("embalt", fingerprint, tool.schema_hash)
 
     async def sync(self, force: bool = False) -> bool:
         """Reload from the store when its registry version moved (another replica changed it)."""
