@@ -1,7 +1,7 @@
 """The ``nexus`` command line: run services, bring a local cluster up, route and generate.
 
-    nexus up [--tools DIR]                  start router + compiler + engine on the embedded store
-    nexus serve router|compiler|engine      run one service (config: --config FILE, NEXUS_<SVC>_* env)
+    nexus up [--tools DIR]                  start router + compiler + engine + the OpenAI front on the embedded store
+    nexus serve router|compiler|engine|openai   run one service (config: --config FILE, NEXUS_<SVC>_* env)
     nexus register --tools DIR              register a directory of MCP tool files
     nexus ingest --mcp "CMD ARGS"           register the tools of a live MCP server (stdio)
     nexus route "QUERY"                     route a request
@@ -29,6 +29,8 @@ from services.common.serve import add_serve_args
 
 SERVICES = ("router", "compiler", "engine")
 DEFAULT_PORTS = {"router": 50051, "compiler": 50052, "engine": 50053}
+# the OpenAI-compatible HTTP front (services/openai): a client of the router and the engine
+FRONT, FRONT_PORT = "openai", 8000
 
 
 def _default_tools_dir() -> str:
@@ -38,8 +40,12 @@ def _default_tools_dir() -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.common.serve import serve
+    from services.openai.config import SERVE_ARGS
 
-    if args.service == "router":
+    if args.service == FRONT:
+        from services.openai.config import OpenAIConfig as cls
+        from services.openai.server import run
+    elif args.service == "router":
         from services.router.config import RouterConfig as cls
         from services.router.server import run
     elif args.service == "compiler":
@@ -48,7 +54,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         from services.engine.config import EngineConfig as cls
         from services.engine.server import run
-    return serve(args.service, cls, run, args)
+    return serve(args.service, cls, run, args, SERVE_ARGS)
 
 
 def wait_healthy(addr: str, timeout_s: float = 180.0, proc: subprocess.Popen | None = None) -> None:
@@ -70,6 +76,25 @@ def wait_healthy(addr: str, timeout_s: float = 180.0, proc: subprocess.Popen | N
                 pass
             time.sleep(0.2)
     raise TimeoutError(f"service at {addr} not healthy after {timeout_s:.0f}s")
+
+
+def wait_http_healthy(url: str, timeout_s: float = 180.0, proc: subprocess.Popen | None = None) -> None:
+    """Block until GET ``url`` answers 200."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"service at {url} exited with code {proc.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not healthy after {timeout_s:.0f}s")
 
 
 def grpcurl_path() -> str:
@@ -104,19 +129,33 @@ def try_lines(ports: dict[str, int]) -> str:
     g = "grpcurl"
     r, e = f"127.0.0.1:{ports['router']}", f"127.0.0.1:{ports['engine']}"
     q = "open a pull request from feature-x into main in octo/demo"
-    return "\n".join([
+    lines = [
         f"  {g} -plaintext {r} list",
         f"  {g} -plaintext -d '{{\"query\": \"{q}\"}}' {r} nexus.v1.RouterService/Route",
         f"  {g} -plaintext -d '{{\"query\": \"{q}\", \"tool\": \"github_create_pull_request\"}}' "
         f"{e} nexus.v1.EngineService/Generate",
         f"  {g} -plaintext -d '{{\"name_prefix\": \"git_\"}}' {r} nexus.v1.RouterService/ListTools",
-    ])
+    ]
+    if ports.get(FRONT):
+        base = f"http://127.0.0.1:{ports[FRONT]}/v1"
+        tool = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather in a city",
+                                                 "parameters": {"type": "object", "properties": {
+                                                     "city": {"type": "string"}}, "required": ["city"]}}}
+        body = {"model": "nexus", "messages": [{"role": "user", "content": "weather in Paris?"}], "tools": [tool]}
+        lines += [
+            f"  curl -s {base}/chat/completions -H 'Content-Type: application/json' -d '{json.dumps(body)}'",
+            f"  python -c 'from openai import OpenAI; c = OpenAI(base_url=\"{base}\", api_key=\"-\"); "
+            f"print(c.chat.completions.create(model=\"nexus\", messages=[{{\"role\": \"user\", \"content\": "
+            f"\"weather in Paris?\"}}], tools={json.dumps([tool])}).choices[0].message.tool_calls)'",
+        ]
+    return "\n".join(lines)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
 
     ports = {s: getattr(args, f"{s}_port") for s in SERVICES}
+    ports[FRONT] = args.openai_port
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["NEXUS_ROUTER_COMPILER_ADDR"] = f"127.0.0.1:{ports['compiler']}"
@@ -147,6 +186,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         for s in ("compiler", "engine", "router"):
             print(f"waiting for {s} on 127.0.0.1:{ports[s]} …", file=sys.stderr)
             wait_healthy(f"127.0.0.1:{ports[s]}", timeout_s=300, proc=procs[s])
+        if ports[FRONT]:  # after the router and the engine it calls (--openai-port 0: no front)
+            logf = open(log_dir / f"{FRONT}.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+            procs[FRONT] = subprocess.Popen(
+                [sys.executable, "-m", f"services.{FRONT}", "--port", str(ports[FRONT]),
+                 "--router", f"127.0.0.1:{ports['router']}", "--engine", f"127.0.0.1:{ports['engine']}"],
+                env=env, stdout=logf, stderr=subprocess.STDOUT,
+            )
+            print(f"waiting for the OpenAI-compatible front on http://127.0.0.1:{ports[FRONT]} …", file=sys.stderr)
+            wait_http_healthy(f"http://127.0.0.1:{ports[FRONT]}/health", timeout_s=300, proc=procs[FRONT])
         with NexusClient(router=f"127.0.0.1:{ports['router']}", engine=f"127.0.0.1:{ports['engine']}",
                          compiler=f"127.0.0.1:{ports['compiler']}") as client:
             if args.tools:
@@ -260,8 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("serve", help="run one service")
-    s.add_argument("service", choices=SERVICES)
-    add_serve_args(s)
+    s.add_argument("service", choices=(*SERVICES, FRONT))
+    from services.openai.config import SERVE_ARGS
+
+    add_serve_args(s, SERVE_ARGS)
     s.set_defaults(fn=cmd_serve)
 
     u = sub.add_parser("up", help="start the whole cluster locally on the embedded store")
@@ -271,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--detach", action="store_true", help="leave the services running and return")
     for svc, port in DEFAULT_PORTS.items():
         u.add_argument(f"--{svc}-port", type=int, default=port)
+    u.add_argument("--openai-port", type=int, default=FRONT_PORT,
+                   help=f"port of the OpenAI-compatible HTTP front (default {FRONT_PORT}; 0: no front)")
     u.set_defaults(fn=cmd_up)
 
     r = sub.add_parser("register", help="register a directory of MCP tool files")

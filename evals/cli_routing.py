@@ -77,9 +77,17 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sizes", default="10,50,100,250,all", help="registry sizes, comma-separated ('all' allowed)")
     p.add_argument("--json", required=True, dest="out", help="report JSON (the PNG plot is written beside it)")
     p.add_argument("--plot", default=None, help="PNG path (default: OUT with .png)")
-    p.add_argument("--protocol", choices=("seen", "unseen"), default="seen",
-                   help="unseen: k-fold by server, every line routed by arms that took nothing from its server "
-                        "(evals/unseen.py, the headline figure); seen (default): known tools, new requests")
+    p.add_argument("--protocol", choices=("seen", "unseen", "public"), default="seen",
+                   help="public: the whole registry as unseen tools for an encoder trained on public tools only "
+                        "(--encoder; evals/public.py, the headline figure, minutes); unseen: k-fold by server, every "
+                        "line routed by arms that took nothing from its server (evals/unseen.py); seen (default): "
+                        "known tools, new requests")
+    p.add_argument("--gate", default="",
+                   help="--protocol public: a gate model whose production router is one more arm (every tool scored "
+                        "as a newly registered one)")
+    p.add_argument("--new-queries", default=_checkout_data("routing_calibration"),
+                   help="--protocol public: requests that are never keys, scored with every --queries request as a "
+                        "key (default: data/routing_calibration; '' = none)")
     p.add_argument("--folds", type=int, default=None,
                    help="k of the held-out k-fold (default: 3 per tool line; 4 by server with --protocol unseen)")
     p.add_argument("--gate-arm", action=argparse.BooleanOptionalAction, default=True,
@@ -119,6 +127,18 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
         from evals.routing import evaluate
 
         t0 = time.time()
+        if args.protocol == "public":
+            from evals import public
+
+            if not args.encoder:
+                raise SystemExit("nexus eval routing --protocol public: --encoder DIR (training/public.py's encoder; "
+                                 "`make train` writes ~/.cache/nexus/models/encoder)")
+            rep = public.evaluate(args.encoder, args.out, queries=args.queries, tools=args.tools, sizes=args.sizes,
+                                  draws=args.draws, seed=args.seed, new_queries=args.new_queries, gate=args.gate)
+            brief = {a: {s: {k: round(v[k], 4) for k in ("top1", "top3")} for s, v in x["by_size"].items()}
+                     for a, x in rep["arms"].items()}
+            print(json.dumps({"arms": brief, "json": args.out, "seconds": round(time.time() - t0)}, indent=2))
+            return 0
         if args.protocol == "unseen":
             from evals import unseen
 

@@ -135,19 +135,26 @@ class NexusClient:
 
     # -- router -------------------------------------------------------------------------------
     def route_pb(self, query: str, history: Sequence[dict] = (), top_k: int | None = None,
-                 timeout_s: float | None = None) -> router_pb2.RouteResponse:
-        req = router_pb2.RouteRequest(query=query, history=_turns(history), top_k=top_k)
+                 timeout_s: float | None = None, *, allowed_tools: Sequence[str] = ()) -> router_pb2.RouteResponse:
+        """``allowed_tools``: route among these registered names only (empty: every registered tool); a name that
+        is not registered is NOT_FOUND."""
+        req = router_pb2.RouteRequest(query=query, history=_turns(history), top_k=top_k,
+                                      allowed_tools=list(allowed_tools))
         return self._call(self.router.Route, req, timeout_s)
 
     def route(self, query: str, history: Sequence[dict] = (), top_k: int | None = None,
-              timeout_s: float | None = None) -> RouteResult:
-        r = self.route_pb(query, history, top_k, timeout_s)
+              timeout_s: float | None = None, *, allowed_tools: Sequence[str] = ()) -> RouteResult:
+        r = self.route_pb(query, history, top_k, timeout_s, allowed_tools=allowed_tools)
         return RouteResult(r.tool, r.score, r.margin, r.escalated, [Candidate(c.tool, c.score) for c in r.candidates],
                            r.route_ms, r.registry_version, r.gate)
 
-    def register(self, tools: Sequence[dict | str], timeout_s: float | None = None) -> router_pb2.RegisterToolsResponse:
+    def register(self, tools: Sequence[dict | str], timeout_s: float | None = None, *,
+                 defer_kv_blocks: bool = False) -> router_pb2.RegisterToolsResponse:
+        """``defer_kv_blocks``: return once the tools route and generate; their KV blocks compile in the background
+        (the engine prefills a tool's signature as text until its block is stored)."""
         raw = [t if isinstance(t, str) else json.dumps(t) for t in tools]
-        return self._call(self.router.RegisterTools, router_pb2.RegisterToolsRequest(tools=raw),
+        return self._call(self.router.RegisterTools, router_pb2.RegisterToolsRequest(tools=raw,
+                                                                                     defer_kv_blocks=defer_kv_blocks),
                           timeout_s or max(self.timeout_s, 600.0))
 
     def remove(self, names: Sequence[str], timeout_s: float | None = None) -> router_pb2.RemoveToolsResponse:

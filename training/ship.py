@@ -22,12 +22,13 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from training.recipes import REPO, recipe_key
+from training.recipes import RECIPES, REPO, recipe_key
 
 FORMAT = "nexus-models-v1"
 MAX_BYTES = 80_000_000  # the issue's budget: every retrain adds this much to the repo's history at most
@@ -107,13 +108,28 @@ def gate_parity(trained: Path, served: Path, tools: Path, lines) -> dict[str, An
             "right_served": sum(p == ln.tool for p, ln in zip(picks["served"], lines, strict=True))}
 
 
-def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lines=None) -> dict[str, Any]:
+def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lines=None,
+         only: Sequence[str] = ()) -> dict[str, Any]:
     """Write each model's serving form from ``cache/<model>`` into ``out/<model>`` and the manifest
     ``out/manifest.json`` (other files of ``out``, e.g. gguf.json, are left alone). Atomic per model. The gate's
-    ``gate_parity`` on ``parity_lines`` (default: the calibration lines) is recorded and must reach ``MIN_PARITY``."""
+    ``gate_parity`` on ``parity_lines`` (default: the calibration lines) is recorded and must reach ``MIN_PARITY``.
+    ``only``: ship these models and keep the others' entries of the existing manifest, which must still be current
+    (their recipe key the tree's)."""
     manifest: dict[str, Any] = {"format": FORMAT, "models": {}}
     out.mkdir(parents=True, exist_ok=True)
+    unknown = sorted(set(only) - set(SHIPPERS))
+    if unknown:
+        raise ValueError(f"no such shipped model: {', '.join(unknown)} (of {', '.join(SHIPPERS)})")
+    old = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else {"models": {}}
+    for name in SHIPPERS:  # what is kept is checked before anything is replaced
+        if only and name not in only:
+            entry = old["models"].get(name)
+            if entry is None or entry["recipe"] != recipe_key(name, repo):
+                raise ValueError(f"models/{name} is {'not shipped' if entry is None else 'stale'}: ship it too")
     for name, fn in SHIPPERS.items():
+        if only and name not in only:
+            manifest["models"][name] = old["models"][name]
+            continue
         src = cache / name
         if not src.is_dir():
             raise FileNotFoundError(f"no trained {name} at {src}: `make train` trains it")
@@ -130,6 +146,8 @@ def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lin
             shutil.rmtree(tmp, ignore_errors=True)
         manifest["models"][name] = {"recipe": recipe_key(name, repo), "trained": _trained(src, name),
                                     "files": files}
+        if RECIPES[name].after:
+            manifest["models"][name]["after"] = {a: recipe_key(a, repo) for a in RECIPES[name].after}
         if name == "gate":
             if parity_lines is None:
                 from training.data import load_augment
@@ -159,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m training.ship", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache", required=True, help="the trained models (make train's MODEL_CACHE)")
     ap.add_argument("--out", default=str(REPO / "models"))
+    ap.add_argument("--only", default="", help=f"comma-separated, of {', '.join(SHIPPERS)}: ship these and keep the "
+                                               "others (which must still be current)")
     args = ap.parse_args(argv)
-    doc = ship(Path(args.cache).expanduser(), Path(args.out))
+    doc = ship(Path(args.cache).expanduser(), Path(args.out), only=[x for x in args.only.split(",") if x])
     for name, m in doc["models"].items():
         size = sum(f["size"] for f in m["files"].values())
         print(f"{name}: {len(m['files'])} files, {size / 1e6:.1f} MB, recipe {m['recipe']}")

@@ -32,10 +32,12 @@ class AsyncCompilerClient:
                          else grpc.aio.insecure_channel(addr, options=DEFAULT_OPTIONS))
         self._stub = compiler_pb2_grpc.CompilerServiceStub(self._channel)
 
-    async def compile(self, tool: Tool, derive_requests: bool = False) -> compiler_pb2.CompileResponse:
+    async def compile(self, tool: Tool, derive_requests: bool = False,
+                      defer_kv_block: bool = False) -> compiler_pb2.CompileResponse:
         try:
             return await self._stub.Compile(compiler_pb2.CompileRequest(tool=tool.to_json(),
-                                                                        derive_requests=derive_requests),
+                                                                        derive_requests=derive_requests,
+                                                                        defer_kv_block=defer_kv_block),
                                             timeout=self.timeout_s, wait_for_ready=True, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e) from e

@@ -44,6 +44,8 @@ class Metrics:
                                 ["cached"], registry=r)
         self.grammar_fallbacks = Counter("nexus_grammar_fallbacks_total",
                                          "Schemas compiled with the looser fallback grammar", registry=r)
+        self.kv_blocks_pending = Gauge("nexus_kv_blocks_pending", "KV blocks queued for background compilation "
+                                       "(tools registered with defer_kv_blocks)", registry=r)
         self.derive_pending = Gauge("nexus_derive_pending", "Tools waiting for their derived requests", registry=r)
         self.derived = Counter("nexus_derived_total", "Tools whose derived requests were written, by source "
                                "(generated now, or the shipped data of the default registry)", ["source"], registry=r)

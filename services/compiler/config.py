@@ -22,6 +22,9 @@ class CompilerConfig(TransportSecurity):
     # bit-identical at any thread count). kv_threads: llama.cpp threads for it (`nexus up`: the host's, up to 4).
     kv_blocks: bool = True
     kv_threads: int = 1
+    # At start, compile in the background the KV blocks registered tools lack (blocks deferred by RegisterTools'
+    # defer_kv_blocks that a restart dropped from the queue); until then the engine prefills those tools as text.
+    kv_backfill: bool = True
     # Derived requests (services/compiler/derive.py): after a tool compiles, a background worker writes the requests
     # an instruct LLM derives from it, which the router uses as the tool's keys; the tool is routable at once on
     # its text key. derive_model_path: the generator GGUF ('' = the installed Qwen2.5-Coder-0.5B-Instruct of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 from nexus.v1 import compiler_pb2_grpc
 from services.common.embedder import Embedder
@@ -59,17 +60,30 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
 
         blocks = await asyncio.to_thread(BlockCompiler, config.model_path, n_threads=config.kv_threads)
         log.info("KV blocks", extra={"model": blocks.model_path, "threads": config.kv_threads})
-    compiler = Compiler(store, embedder, tokenize, blocks)
     metrics = Metrics("compiler")
+    compiler = Compiler(store, embedder, tokenize, blocks, metrics)
     worker = await asyncio.to_thread(derive_worker, config, store, metrics) if config.derive else None
+
+    def backfill() -> None:
+        try:
+            tools, _ = store.registry_snapshot()
+            n = compiler.backfill(tools.values())
+        except Exception as e:  # noqa: BLE001 - best effort: those tools stay on the engine's text prefill
+            log.warning("KV block backfill failed", extra={"error": str(e)})
+            return
+        if n:
+            log.info("KV blocks missing for registered tools: compiling them in the background", extra={"tools": n})
 
     async def warmup() -> None:
         await asyncio.to_thread(store.ping)
         await asyncio.to_thread(embedder.embed_one, "warm up")
+        if blocks is not None and config.kv_backfill:  # off the start-up path: serving does not wait for it
+            threading.Thread(target=backfill, name="kv-backfill", daemon=True).start()
 
     async def on_stop() -> None:
         if worker is not None:
             await asyncio.to_thread(worker.close)
+        await asyncio.to_thread(compiler.close)
         if blocks is not None:
             blocks.close()
         store.close()

@@ -40,7 +40,7 @@ class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
         if not request.tool.strip():
             raise InvalidArgument("tool is empty: pass the MCP tool as JSON {name, description, inputSchema}")
         tool = parse_tool(request.tool)
-        res = await asyncio.to_thread(self.compiler.compile, tool)
+        res = await asyncio.to_thread(self.compiler.compile, tool, request.defer_kv_block)
         self.metrics.compiles.labels(str(res.cached).lower()).inc()
         if res.grammar_fallback and not res.cached:
             self.metrics.grammar_fallbacks.inc()
@@ -50,7 +50,7 @@ class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
         return compiler_pb2.CompileResponse(
             tool=res.tool, schema_hash=res.schema_hash, signature=res.signature,
             signature_tokens=res.signature_tokens, grammar_fallback=res.grammar_fallback, cached=res.cached,
-            artifacts=[_ref(a.kind, a.info) for a in res.artifacts],
+            artifacts=[_ref(a.kind, a.info) for a in res.artifacts], kv_block_pending=res.kv_pending,
         )
 
     async def GetArtifact(self, request, context):

@@ -145,7 +145,9 @@ class Backend:
 
     async def register(self, tools_json: Sequence[str]) -> tuple[list[str], int, int]:
         try:
-            r = await self.router.RegisterTools(router_pb2.RegisterToolsRequest(tools=list(tools_json)),
+            # the request waits for what routing and generation need; the KV blocks compile in the background
+            r = await self.router.RegisterTools(router_pb2.RegisterToolsRequest(tools=list(tools_json),
+                                                                                defer_kv_blocks=True),
                                                 timeout=self.config.register_timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise _error(e, "router") from e

@@ -9,7 +9,9 @@ name -> schema hash, and the registry version) and maps each request tool to the
   under an alias, ``<name>.<first 12 hex of its schema hash>``, so that no registered tool is ever replaced or
   removed by a request. The answer names the tool by the request's own name.
 
-New tools are registered through the router's RegisterTools (which compiles them first). The view is refreshed from
+New tools are registered through the router's RegisterTools with ``defer_kv_blocks``: the call waits for what routing
+and generation need (key embedding, signature, grammar) while the KV blocks compile in the background (the engine
+prefills a tool's signature as text until its block is stored). The view is refreshed from
 ListTools only when a request brings a tool it does not know, or when a Route answers from a newer registry version
 than the view (another client changed the registry): the common request costs no registry call at all."""
 

@@ -86,8 +86,10 @@ class Router:
         set_threads(config.torch_threads)
         self.gate: GateModel | None = load_gate(config.gate_model_dir, threads=config.torch_threads,
                                                 precision=config.query_encoder_precision)
-        if self.gate is not None and self.gate.info.meta.get("base_embedder_fingerprint") != embedder.fingerprint:
-            # the query encoder was trained against another embedder's tool keys: its vectors would not match
+        if (self.gate is not None and self.gate.info.meta.get("tool_keys") != "query_encoder"
+                and self.gate.info.meta.get("base_embedder_fingerprint") != embedder.fingerprint):
+            # the query encoder was trained against another embedder's tool keys: its vectors would not match (a
+            # model built on its own encoder keys the tools itself, whatever the base embedder is)
             log.error("gate model %s was trained for another embedder; routing is SLB-only (escalation disabled)",
                       self.gate.info.path)
             self.gate = None
@@ -315,6 +317,19 @@ class Router:
             await asyncio.to_thread(self._load, tools, version)
             return True
 
+    def _store_base_embeddings(self, tools: Sequence[Tool]) -> None:
+        """The base embeddings a registration's tools lack, in one batch, into the store under the compiler's
+        content-addressed key: the compiler, one tool per call, would embed them one at a time (~3x the time for
+        300 tools); it reuses what it finds there."""
+        need = [t for t in tools if not self.store.exists(embedding_key(t, self.embedder.fingerprint))]
+        if not need:
+            return
+        mat = self.embedder.embed([tool_text(t) for t in need])
+        for t, v in zip(need, mat, strict=True):
+            self.store.put(embedding_key(t, self.embedder.fingerprint), encode_embedding(v),
+                           {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim,
+                            "embedder": self.embedder.fingerprint})
+
     async def register(self, raw_tools: Sequence[str], compile_fn: CompileFn) -> tuple[list[str], int, int]:
         if not raw_tools:
             raise InvalidArgument("no tools given")
@@ -335,6 +350,8 @@ class Router:
             async with sem:
                 await compile_fn(t)
 
+        if len(tools) > 1:
+            await asyncio.to_thread(self._store_base_embeddings, tools)
         # Compile everything first: a tool is only registered once its artifacts exist.
         await asyncio.gather(*(one(t) for t in tools))
         version = await asyncio.to_thread(self.store.registry_put, tools)

@@ -39,7 +39,8 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
 
     async def RegisterTools(self, request, context):
         async def compile_fn(tool: Tool) -> None:
-            await self.compiler.compile(tool, derive_requests=self.router.wants_derived(tool))
+            await self.compiler.compile(tool, derive_requests=self.router.wants_derived(tool),
+                                        defer_kv_block=request.defer_kv_blocks)
 
         names, version, total = await self.router.register(list(request.tools), compile_fn)
         return router_pb2.RegisterToolsResponse(names=names, registry_version=version, total=total)

@@ -17,9 +17,11 @@ def test_every_field_of_every_service_is_in_the_reference():
 
     from services.compiler.config import CompilerConfig
     from services.engine.config import EngineConfig
+    from services.openai.config import OpenAIConfig
     from services.router.config import RouterConfig
 
     doc = (REPO / "docs" / "configuration.md").read_text()
-    for service, cls in (("ROUTER", RouterConfig), ("COMPILER", CompilerConfig), ("ENGINE", EngineConfig)):
+    for service, cls in (("ROUTER", RouterConfig), ("COMPILER", CompilerConfig), ("ENGINE", EngineConfig),
+                         ("OPENAI", OpenAIConfig)):
         for f in dataclasses.fields(cls):
             assert f"`NEXUS_{service}_{f.name.upper()}`" in doc, f.name

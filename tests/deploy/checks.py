@@ -14,8 +14,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-SERVICES = ("router", "compiler", "engine")
-DEFAULT_PORTS = {"router": 50051, "compiler": 50052, "engine": 50053}
+SERVICES = ("router", "compiler", "engine", "openai")
+DEFAULT_PORTS = {"router": 50051, "compiler": 50052, "engine": 50053, "openai": 8000}
+CONFIG_CLASSES = {"router": "RouterConfig", "compiler": "CompilerConfig", "engine": "EngineConfig",
+                  "openai": "OpenAIConfig"}
 
 # ---------------------------------------------------------------------------------------------------
 # Service config: every NEXUS_<SVC>_* key we ship must be accepted by the service's own loader.
@@ -32,7 +34,7 @@ def config_problems(env: Mapping[str, str], where: str) -> list[str]:
         if not any(k.startswith(prefix) for k in env):
             continue
         mod = __import__(f"services.{svc}.config", fromlist=["x"])
-        cls = getattr(mod, f"{svc.capitalize()}Config")
+        cls = getattr(mod, CONFIG_CLASSES[svc])
         try:
             load_config(cls, prefix=prefix, env={k: str(v) for k, v in env.items()})
         except NexusError as e:

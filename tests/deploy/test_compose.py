@@ -1,4 +1,4 @@
-"""deploy/docker-compose.yml: router + compiler + Redis. Validated by the real `docker-compose config`
+"""deploy/docker-compose.yml: router + compiler + Redis + the OpenAI-compatible front. Validated by the real `docker-compose config`
 (Debian's docker-compose 1.29) when installed, and by reference checks on the parsed file."""
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def compose() -> dict:
 
 def _compose_cli(env_extra: dict[str, str], tmp_path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_PASSWORD", "NEXUS_TAG", "NEXUS_LOG_LEVEL", "ROUTER_PUBLISH", "REDIS_PUBLISH_PORT")}
+           if k not in ("REDIS_PASSWORD", "NEXUS_TAG", "NEXUS_LOG_LEVEL", "ROUTER_PUBLISH", "REDIS_PUBLISH_PORT",
+                        "OPENAI_PUBLISH", "NEXUS_ENGINE_ADDR", "NEXUS_OPENAI_MODEL_NAME", "NEXUS_OPENAI_AUTH_TOKEN")}
     env.update(env_extra)
     # An empty --env-file: a developer's deploy/.env must not change what the test sees.
     empty = tmp_path / "empty.env"
@@ -50,7 +51,7 @@ def test_docker_compose_config_accepts_the_file(compose, tmp_path):
     out = _compose_cli(ENV, tmp_path)
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load(out.stdout)
-    assert set(resolved["services"]) == {"redis", "router", "compiler"}
+    assert set(resolved["services"]) == {"redis", "router", "compiler", "openai"}
     for name, svc in resolved["services"].items():
         assert svc["healthcheck"]["test"] == compose["services"][name]["healthcheck"]["test"]
         assert env_dict(svc.get("environment")) == env_dict(compose["services"][name].get("environment"))
@@ -66,7 +67,7 @@ def test_docker_compose_refuses_to_start_without_a_redis_password(tmp_path):
 
 def test_engine_is_not_in_compose_and_every_service_has_a_healthcheck(compose):
     services = compose["services"]
-    assert set(services) == {"redis", "router", "compiler"}
+    assert set(services) == {"redis", "router", "compiler", "openai"}
     for name, svc in services.items():
         assert svc["healthcheck"]["test"], name
     for name in ("router", "compiler"):
@@ -123,6 +124,54 @@ def test_env_example_lists_every_variable_the_compose_file_uses():
     example = dict(line.split("=", 1) for line in (DEPLOY / ".env.example").read_text().splitlines()
                    if line and not line.startswith("#"))
     assert used <= set(example), used - set(example)
+
+
+def test_the_openai_front_runs_from_the_router_image_and_checks_its_http_health(compose):
+    """The front: the router's image and build, `nexus serve openai`, NEXUS_OPENAI_* env its config accepts, the
+    router by service name and the native engine on the host, published on 8000, healthy on GET /health = 200."""
+    services = compose["services"]
+    front = services["openai"]
+    assert front["image"] == services["router"]["image"] and front["build"] == services["router"]["build"]
+    assert front["entrypoint"] == ["nexus", "serve", "openai"]
+    env = env_dict(front["environment"])
+    assert config_problems(env, "compose openai") == []
+    assert all(k.startswith("NEXUS_OPENAI_") for k in env)
+    assert env["NEXUS_OPENAI_PORT"] == str(DEFAULT_PORTS["openai"]) and env["NEXUS_OPENAI_HOST"] == "0.0.0.0"
+    host, port = env["NEXUS_OPENAI_ROUTER_ADDR"].split(":")
+    assert host == "router" and int(port) == DEFAULT_PORTS["router"]
+    assert front["depends_on"] == {"router": {"condition": "service_healthy"}}
+    # the engine is not a compose service: the front reaches the host's
+    host, port = env["NEXUS_OPENAI_ENGINE_ADDR"].split(":")
+    assert host == "host.docker.internal" and int(port) == DEFAULT_PORTS["engine"]
+    assert "host.docker.internal:host-gateway" in front["extra_hosts"]
+    assert front["ports"] == [f"8000:{DEFAULT_PORTS['openai']}"]
+    test = front["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and f"http://127.0.0.1:{DEFAULT_PORTS['openai']}/health" in test[3]
+    # the healthcheck command itself: exit 0 on 200, non-zero on the front's 503 (backends down) or no front
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    status = {"code": 200}
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(status["code"] if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    code = test[3].replace(":8000/", f":{server.server_port}/")
+    try:
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).returncode == 0
+        status["code"] = 503
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).returncode != 0
+    finally:
+        server.shutdown()
 
 
 @pytest.mark.parametrize("precision", ["int8"])

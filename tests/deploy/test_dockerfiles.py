@@ -132,7 +132,7 @@ def test_build_context_packages_the_services_stubs_and_client(tmp_path):
     (wheel,) = (tmp_path / "wheels").glob("nexus_serving-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for module in ("cli/main.py", "services/router/server.py", "services/compiler/server.py",
-                   "services/engine/server.py", "services/ingest/mcp.py", "nexus/v1/router_pb2_grpc.py",
+                   "services/engine/server.py", "services/ingest/mcp.py", "services/openai/server.py", "nexus/v1/router_pb2_grpc.py",
                    "nexus/v1/engine_pb2.py", "nexus_client/__init__.py"):
         assert module in names, module
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

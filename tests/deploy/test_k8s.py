@@ -98,6 +98,33 @@ def test_nexus_pods_use_grpc_probes_on_their_grpc_port(docs, kind, name):
                                     "capabilities": {"drop": ["ALL"]}}
 
 
+def test_the_openai_front_runs_beside_the_engine_with_an_http_readiness_probe(docs):
+    """The OpenAI front: the router's image running `nexus serve openai` on 8000, configured by the ConfigMap's
+    NEXUS_OPENAI_* keys (router and engine by Service name), on the engine's nodes (the engine Service is node-local),
+    ready only while GET /health is 200 (router and engine SERVING), alive while its port answers."""
+    cm = get(docs, "ConfigMap", "nexus-config")["data"]
+    obj = get(docs, "Deployment", "openai")
+    spec = pod_spec(obj)
+    (c,) = spec["containers"]
+    assert c["image"] == pod_spec(get(docs, "Deployment", "router"))["containers"][0]["image"]
+    assert c["command"] == ["nexus", "serve", "openai"]
+    assert c["envFrom"] == [{"configMapRef": {"name": "nexus-config"}}]
+    port = DEFAULT_PORTS["openai"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": port}
+    assert cm["NEXUS_OPENAI_PORT"] == str(port) and cm["NEXUS_OPENAI_HOST"] == "0.0.0.0"
+    for key, svc in (("NEXUS_OPENAI_ROUTER_ADDR", "router"), ("NEXUS_OPENAI_ENGINE_ADDR", "engine")):
+        host, p = cm[key].split(":")
+        assert host == svc and get(docs, "Service", svc)["spec"]["ports"][0]["port"] == int(p)
+    assert spec["nodeSelector"] == pod_spec(get(docs, "DaemonSet", "engine"))["nodeSelector"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert "tcpSocket" in c["livenessProbe"] and "tcpSocket" in c["startupProbe"]
+    svc = get(docs, "Service", "openai")
+    assert svc["spec"]["ports"][0]["port"] == port and svc["spec"]["ports"][0]["targetPort"] == "http"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+
+
 def test_configmap_is_valid_service_config_and_router_reaches_the_compiler_service(docs):
     cm = get(docs, "ConfigMap", "nexus-config")["data"]
     store = {f"NEXUS_{s.upper()}_STORE_URL": "redis://:pw@redis:6379/0" for s in ("router", "compiler", "engine")}

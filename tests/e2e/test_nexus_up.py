@@ -1,4 +1,5 @@
-"""`nexus up` as a user runs it: three processes, the full 338-tool registry, then the README's grpcurl lines."""
+"""`nexus up` as a user runs it: three services and the OpenAI front, the full 338-tool registry, then the README's
+grpcurl lines and the banner's curl and `openai` client lines."""
 
 import json
 import os
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def nexus_up(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("up")
-    ports = {s: free_port() for s in ("router", "compiler", "engine")}
-    mports = {s: free_port() for s in ports}
+    ports = {s: free_port() for s in ("router", "compiler", "engine", "openai")}
+    mports = {s: free_port() for s in ("router", "compiler", "engine")}
     cmd = [sys.executable, "-m", "cli.main", "up", "--tools", str(TOOLS_DIR), "--store", str(tmp / "store"),
            "--log-dir", str(tmp / "log")] + [f"--{s}-port={p}" for s, p in ports.items()]
     # started with SIGINT ignored, as a background job of a non-interactive shell (CI) is: Ctrl-C must still work
@@ -109,6 +110,23 @@ def test_the_compiler_takes_the_hosts_cores_for_the_kv_blocks(nexus_up):
     assert [ln["threads"] for ln in lines if ln.get("msg") == "KV blocks"] == [want]
 
 
+def test_the_banners_openai_lines_call_a_tool_through_the_front(nexus_up):
+    """`nexus up` starts the OpenAI-compatible front after the router and the engine: the banner's curl line and its
+    `openai` client line, run as printed, each answer a tool call (their tool joins the registry: after the tests that
+    count it)."""
+    ports, banner, _, _ = nexus_up
+    curl = next(ln for ln in banner.splitlines() if ln.strip().startswith("curl ")).strip()
+    assert f"http://127.0.0.1:{ports['openai']}/v1/chat/completions" in curl
+    out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=120)
+    body = json.loads(out.stdout)
+    assert body["choices"][0]["finish_reason"] == "tool_calls", body
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    py = next(ln for ln in banner.splitlines() if ln.strip().startswith("python -c ")).strip()
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-c", py], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and "get_weather" in out.stdout, out.stderr[-2000:]
+
+
 def readme_grpcurl_lines() -> list[str]:
     """Every grpcurl command in README.md's bash blocks, continuation lines joined."""
     text = (REPO / "README.md").read_text()
@@ -145,6 +163,6 @@ def test_sigint_stops_every_service(nexus_up):
     assert proc.poll() is None
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 0
-    for port in (ports["router"], ports["compiler"], ports["engine"]):
+    for port in (ports["router"], ports["compiler"], ports["engine"], ports["openai"]):
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"

@@ -506,7 +506,9 @@ def test_a_backend_that_is_down_is_503(cluster):
 
 
 @pytest.mark.integration
-def test_python_m_services_openai_serves_and_stops_cleanly_on_sigterm():
+@pytest.mark.parametrize("cmd", [["-m", "services.openai"], ["-m", "cli.main", "serve", "openai"]],
+                         ids=["python-m", "nexus-serve"])
+def test_the_front_serves_from_its_main_and_nexus_serve_and_stops_cleanly_on_sigterm(cmd):
     import os
     import signal
     import subprocess
@@ -516,8 +518,8 @@ def test_python_m_services_openai_serves_and_stops_cleanly_on_sigterm():
 
     dead = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "NEXUS_OPENAI_BACKEND_WAIT_S": "0.1", "NEXUS_OPENAI_MODEL_NAME": "m1"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.openai", "--port", "0", "--router", dead, "--engine",
-                             dead], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, *cmd, "--port", "0", "--router", dead, "--engine", dead], cwd=REPO,
+                            env=env, stderr=subprocess.PIPE, text=True)
     try:
         port = None
         for line in proc.stderr:  # JSON log lines: the bound port, then "serving"
@@ -536,3 +538,14 @@ def test_python_m_services_openai_serves_and_stops_cleanly_on_sigterm():
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+def test_a_flag_of_another_service_is_a_config_error():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    out = subprocess.run([sys.executable, "-m", "services.openai", "--store", "var/store"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "store_url" in out.stderr

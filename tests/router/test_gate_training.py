@@ -159,7 +159,7 @@ def test_router_scores_the_max_of_both_keys_plus_the_lexical_addend(tiny, embedd
     for n, s in d.candidates:
         assert s == pytest.approx(want[n], abs=0.02)
     # alternate keys are stored once per schema and reused by the next replica
-    assert store.get(r._alt_key_name(tiny["tools"][0]))
+    assert store.get(r._alt_key_name(tiny["tools"][0], r._key_encoder()[0]))
     plain = _router(store, embedder, _with_tau(tiny, -1e9))
     assert not plain.index._snap.has_alt and plain._lexical_bonus(query) is None
 

@@ -22,8 +22,13 @@ def built(tmp_path_factory):
     names = {t.name for t in registry.tools if registry.server_of[t.name] in SMALL_SERVERS}
     lines = [ln for ln in load_queries(QUERIES) if ln.server in SMALL_SERVERS]
     augment = [ln for ln in load_augment(str(REPO / "data" / "routing_augment")) if ln.tool in names][:60]
-    hp = GateHyperParams(seed=1, q_epochs=0, ce_epochs=0, val_fraction=0.25, threads=1,
-                         encoder=str(default_embedder_path()))
+    # a copy of the wheel's MiniLM stands in for the public encoder: another directory, another fingerprint
+    import shutil
+
+    encoder = tmp_path_factory.mktemp("encoder") / "enc"
+    shutil.copytree(default_embedder_path(), encoder)
+    (encoder / "public_meta.json").write_text("{}")
+    hp = GateHyperParams(seed=1, q_epochs=0, ce_epochs=0, val_fraction=0.25, threads=1, encoder=str(encoder))
     out = tmp_path_factory.mktemp("gate-on-encoder") / "gate"
     doc = train_gate(lines, [t for t in registry.tools if t.name in names], out, hp, equivalents=equivalents,
                      progress=False, extra=augment)
@@ -57,7 +62,9 @@ def test_a_router_keys_the_tools_with_the_gate_models_own_graph(built, tmp_path)
     store.registry_put(tools)
     router = Router(RouterConfig(store_url=str(tmp_path / "store"), gate_model_dir=str(out), native_scan=False),
                     store, Embedder(""))
+    # built on another encoder than the router's base embedder: loaded all the same (it keys the tools itself)
     assert router.gate is not None and router.gate.info.meta["tool_keys"] == "query_encoder"
+    assert router.gate.info.meta["base_embedder_fingerprint"] != router.embedder.fingerprint
     asyncio.run(router.sync(force=True))
     fp = router.gate.fingerprint
     assert fp != router.embedder.fingerprint

@@ -1,0 +1,355 @@
+"""The public protocol: the shipped registry as unseen tools for an encoder trained on public tools only (issue 50).
+
+    nexus eval routing --protocol public --encoder ~/.cache/nexus/models/encoder --gate var/models/gate \
+        --json reports/routing_public.json                                            (make eval-public, minutes)
+
+An encoder from ``training/public.py`` never saw a shipped tool or request, so every one of the 962
+requests of data/queries/train.jsonl is a request over unseen tools for it: one model, no folds. Each request is
+routed over registries drawn as the evaluation draws them (``evals.routing.registries_for``: its gold tool,
+its own server's tools first, then other servers' tools at random; N = 10, 50, 100, 250, all; ``--draws`` draws),
+and scored on the exact tool name (the registry's equivalence groups count as one, ``training.data``).
+
+Arms, all in one run over the same registries, every tool embedded as ``training.public.tool_doc``:
+
+* ``base dense`` / ``public dense`` (unseen): cosine between the request and the tool document, with the wheel's
+  all-MiniLM-L6-v2 / the public-trained encoder;
+* ``... + bm25`` (unseen): the same + 0.3 x BM25 (``services.router.keys.LexicalIndex`` over the registry's tools,
+  the request's query part) divided by the best BM25 score in the request's drawn registry;
+* ``... + exemplar keys`` (SEEN: labelled so): each shipped tool is also keyed by its hand-written requests of the
+  same file, a tool scoring the max cosine over its document and its requests; the request being scored is never
+  a key (nor any request of identical text): leave-the-request-out. This is the "seen protocol with exemplar keys"
+  of the issue: the shipped tools' requests are data a user may supply for their own tools, not a trained-on tool.
+  Caveat: the file's requests for one server share entities and wording (``session:user:4821`` under redis get,
+  set and list), so a sibling tool's request is often nearer than the tool's own remaining one or two: with max
+  pooling these arms fall below dense (of the public encoder's 572 top-1 errors at N = all, 541 are won by another
+  tool's request key, 489 by a tool of the same server);
+* ``..., new requests`` (with ``--new-queries``, default data/routing_calibration: requests written apart from the
+  query file, never keys): dense, and keyed by every request of the query file (seen), the issue's "shipped tools,
+  new requests, exemplar keys on".
+
+* ``router (..., tools as new)`` (with ``--gate``): the production router (services/router, the gate model's INT8
+  graph, its calibrated alternate key and lexical weight, the SLB scan) with no exemplar key and no tool bias: every
+  shipped tool scored as a user's newly registered tool is. Labelled unseen when the gate model's encoder never
+  trained on the registry's lines (built on the public encoder with q_epochs 0), else seen (today's fine-tuned
+  models trained on train.jsonl).
+
+Per arm and size: top-1 and top-3 with Wilson 95 % intervals over the line-draws (at N = all every draw is the
+same registry, so one draw counts), and the bootstrap interval over lines (a line's draws are not independent
+trials, so that one is the honest width); top-1 per server; fixed/broken line-draws against the base arm of the same
+scoring with a sign test. Written: JSON + PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_ENCODER = Path.home() / ".cache" / "nexus" / "models" / "encoder"
+LEXICAL_WEIGHT = 0.3
+
+
+def encode(path: str, texts: Sequence[str], batch_size: int = 64) -> tuple[np.ndarray, dict[str, Any]]:
+    """Unit-norm vectors of ``texts`` with the sentence-transformers directory ``path`` ('' = the wheel's MiniLM)."""
+    from sentence_transformers import SentenceTransformer
+
+    from services.common.models import resolve_embedder
+
+    p = resolve_embedder(path)
+    model = SentenceTransformer(str(p), device="cpu")
+    t0 = time.time()
+    vecs = model.encode(list(texts), batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                        show_progress_bar=False)
+    info = {"path": str(p), "max_seq_length": int(model.max_seq_length), "encode_seconds": round(time.time() - t0, 1)}
+    meta = p / "public_meta.json"
+    if meta.is_file():
+        info["public_meta"] = json.loads(meta.read_text())
+    return np.ascontiguousarray(vecs, np.float32), info
+
+
+def exemplar_scores(qv: np.ndarray, texts: Sequence[str], tool_of_line: Sequence[int], n_tools: int,
+                    keys: tuple[np.ndarray, Sequence[str], Sequence[int]] | None = None) -> np.ndarray:
+    """``(lines, tools)``: each tool's best cosine over its request keys, never counting a key of the same text as
+    the scored request. The keys are the scored requests themselves (``qv``, ``texts``, ``tool_of_line``: each
+    request left out of its own keys) unless ``keys`` = (vectors, texts, tool of each) is given; -inf where a tool has
+    no key left."""
+    kv, ktexts, ktool = keys if keys is not None else (qv, texts, tool_of_line)
+    sim = qv @ kv.T
+    sim[np.asarray(texts, dtype=object)[:, None] == np.asarray(ktexts, dtype=object)[None, :]] = -np.inf
+    out = np.full((len(qv), n_tools), -np.inf, np.float32)
+    tol = np.asarray(ktool)
+    for t in np.unique(tol):
+        out[:, t] = sim[:, tol == t].max(1)
+    return out
+
+
+def rank_hits(scores: np.ndarray, lex: np.ndarray | None, weight: float, lines, regs_by_draw, size: str,
+              pos: Mapping[str, int], names: Sequence[str]) -> dict[str, tuple[bool, bool]]:
+    """``{"<line id>#<draw>": (top-1 right, top-3 right)}``: each line ranked within its drawn registry, scored
+    ``scores`` (+ ``weight`` x BM25 scaled by the registry's best BM25 score when ``lex``)."""
+    from training.data import is_correct
+
+    out = {}
+    draws = regs_by_draw[:1] if size == "all" else regs_by_draw  # every draw of "all" is the whole registry
+    for d, regs in enumerate(draws):
+        for i, ln in enumerate(lines):
+            idx = np.fromiter((pos[n] for n in regs[size][i]), np.int64)
+            s = scores[i, idx].astype(np.float64)
+            if lex is not None and weight:
+                lx = lex[i, idx]
+                m = float(lx.max())
+                if m > 0:
+                    s = s + weight * lx / m
+            top = idx[np.argsort(-s, kind="stable")[:3]]
+            got = [names[j] for j in top]
+            out[f"{ln.id}#{d}"] = (is_correct(got[0], ln.tool), any(is_correct(n, ln.tool) for n in got))
+    return out
+
+
+def summarize(hits: Mapping[str, tuple[bool, bool]], by_id) -> dict[str, Any]:
+    from evals.stats import wilson
+    from evals.unseen import summarize_arm
+
+    s = summarize_arm(hits, by_id)
+    n = len(hits)
+    k1 = sum(a for a, _ in hits.values())
+    k3 = sum(b for _, b in hits.values())
+    return {"n_line_draws": n, "n_lines": s["n_lines"], "top1": s["top1"], "top3": s["top3"],
+            "top1_wilson95": list(wilson(k1, n)), "top3_wilson95": list(wilson(k3, n)),
+            "top1_bootstrap95_lines": s["top1_ci95"], "top3_bootstrap95_lines": s["top3_ci95"],
+            "top1_by_server": s["top1_by_server"]}
+
+
+def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(REPO / "data/queries/train.jsonl"),
+             tools: str = str(REPO / "data/mcp_tools"), sizes: str = "10,50,100,250,all", draws: int = 3,
+             seed: int = 0, lexical_weight: float = LEXICAL_WEIGHT, servers: Sequence[str] = (),
+             new_queries: str = "", gate: str = "", plot_png: bool = True) -> dict[str, Any]:
+    """Run the probe (module docstring); ``new_queries``: requests over the shipped tools that are not keys (a JSONL
+    file or a directory, e.g. data/routing_calibration; '' = none), scored with all of ``queries`` as exemplar keys."""
+    from evals.routing import registries_for
+    from evals.unseen import paired
+    from services.router.context import routing_text
+    from services.router.keys import LexicalIndex, query_part
+    from training.data import QueryLine, load_augment, load_queries, load_registry, parse_sizes
+    from training.public import DOC_VERSION, tool_doc
+
+    t0 = time.time()
+    registry = load_registry(tools)
+    if servers:
+        registry = registry.subset([n for n in registry.names if registry.server_of[n] in set(servers)])
+    names = list(registry.names)
+    pos = {n: i for i, n in enumerate(names)}
+    by_name = registry.by_name()
+    size_list = parse_sizes(sizes)
+    index = LexicalIndex.of_tools([by_name[n] for n in names])
+
+    def line_set(raw: Sequence[QueryLine]) -> dict[str, Any]:
+        ls = [ln if ln.server else QueryLine(**{**ln.__dict__, "server": registry.server_of[ln.tool]})
+              for ln in raw if ln.tool in pos]
+        texts = [routing_text(ln.query, list(ln.history)) for ln in ls]
+        lex = (np.vstack([index.scores(query_part(t)) for t in texts]).astype(np.float32) if ls
+               else np.zeros((0, len(names)), np.float32))
+        return {"lines": ls, "texts": texts, "lex": lex, "tool": [pos[ln.tool] for ln in ls],
+                "regs": [registries_for(ls, size_list, registry, seed, d) for d in range(draws)]}
+
+    sets = {"queries": line_set(load_queries(queries))}
+    if new_queries:
+        sets["new"] = line_set(load_augment(new_queries))
+        ids = {ln.id for ln in sets["queries"]["lines"]}
+        clash = [ln.id for ln in sets["new"]["lines"] if ln.id in ids]
+        if clash:
+            raise ValueError(f"{new_queries} shares line ids with {queries} (e.g. {clash[0]}): not new requests")
+    docs = [tool_doc(by_name[n]) for n in names]
+    q = sets["queries"]
+
+    encoders: dict[str, dict[str, Any]] = {}
+    scores: dict[str, np.ndarray] = {}
+    for label, path in (("base", base), ("public", encoder)):
+        vecs, info = encode(path, [*docs, *(t for ls in sets.values() for t in ls["texts"])])
+        encoders[label] = info
+        dv, at = vecs[: len(docs)], len(docs)
+        qv = {}
+        for key, ls in sets.items():
+            qv[key], at = vecs[at: at + len(ls["texts"])], at + len(ls["texts"])
+        # the scored requests of the file, each left out of its own tool's keys
+        scores[f"{label} dense|queries"] = qv["queries"] @ dv.T
+        scores[f"{label} keys|queries"] = np.maximum(
+            scores[f"{label} dense|queries"], exemplar_scores(qv["queries"], q["texts"], q["tool"], len(names)))
+        if "new" in sets:  # new requests, keyed by every request of the file
+            n = sets["new"]
+            scores[f"{label} dense|new"] = qv["new"] @ dv.T
+            scores[f"{label} keys|new"] = np.maximum(
+                scores[f"{label} dense|new"],
+                exemplar_scores(qv["new"], n["texts"], n["tool"], len(names), keys=(qv["queries"], q["texts"],
+                                                                                    q["tool"])))
+    arms: dict[str, dict[str, Any]] = {}
+    for label in ("base", "public"):
+        arms[f"{label} dense"] = {"protocol": "unseen", "scores": f"{label} dense|queries", "lexical_weight": 0.0}
+        arms[f"{label} + bm25"] = {"protocol": "unseen", "scores": f"{label} dense|queries",
+                                   "lexical_weight": lexical_weight}
+    for label in ("base", "public"):
+        arms[f"{label} + exemplar keys (seen)"] = {"protocol": "seen", "scores": f"{label} keys|queries",
+                                                   "lexical_weight": 0.0}
+        arms[f"{label} + exemplar keys + bm25 (seen)"] = {"protocol": "seen", "scores": f"{label} keys|queries",
+                                                          "lexical_weight": lexical_weight}
+    if "new" in sets:
+        for label in ("base", "public"):
+            arms[f"{label} dense, new requests"] = {"protocol": "unseen", "scores": f"{label} dense|new",
+                                                    "lexical_weight": 0.0}
+            arms[f"{label} + exemplar keys, new requests (seen)"] = {"protocol": "seen", "scores": f"{label} keys|new",
+                                                                     "lexical_weight": 0.0}
+        arms["public + exemplar keys + bm25, new requests (seen)"] = {"protocol": "seen", "scores": "public keys|new",
+                                                                      "lexical_weight": lexical_weight}
+    for c in arms.values():
+        c["lines"] = c["scores"].rsplit("|", 1)[1]
+    hits = {a: {s: rank_hits(scores[c["scores"]], sets[c["lines"]]["lex"], c["lexical_weight"],
+                             sets[c["lines"]]["lines"], sets[c["lines"]]["regs"], s, pos, names)
+                for s in size_list} for a, c in arms.items()}
+    router_info = None
+    if gate:
+        router_info = router_arms(gate, registry, sets, size_list, draws, arms, hits)
+    by_id = {ln.id: ln for ls in sets.values() for ln in ls["lines"]}
+    # (arm, what it is compared with, on the same lines): the training's gain per scoring, BM25's, the keys'
+    against = [("public dense", "base dense"), ("public + bm25", "base + bm25"), ("base + bm25", "base dense"),
+               ("public + bm25", "public dense"),
+               ("public + exemplar keys (seen)", "base + exemplar keys (seen)"),
+               ("public + exemplar keys + bm25 (seen)", "base + exemplar keys + bm25 (seen)"),
+               ("public + exemplar keys (seen)", "public dense"),
+               ("public dense, new requests", "base dense, new requests"),
+               ("public + exemplar keys, new requests (seen)", "base + exemplar keys, new requests (seen)"),
+               ("public + exemplar keys, new requests (seen)", "public dense, new requests")]
+    lines_of = {"queries": os.path.relpath(queries, REPO), "new": os.path.relpath(new_queries, REPO) if new_queries
+                else None}
+    report: dict[str, Any] = {
+        "protocol": {"name": "public", "what": "shipped registry as unseen tools for an encoder trained on public "
+                     "tools only; '(seen)' arms key each shipped tool by its hand-written requests too: the "
+                     "requests of the query file, each left out of its own keys, or, for 'new requests', every "
+                     "request of the query file keying requests that are not in it",
+                     "lines": len(q["lines"]), "new_lines": len(sets["new"]["lines"]) if "new" in sets else 0,
+                     "tools": len(names), "sizes": size_list, "draws": draws, "seed": seed,
+                     "queries": lines_of["queries"], "new_queries": lines_of["new"],
+                     "registry": os.path.relpath(tools, REPO), "servers": sorted(servers) or "all",
+                     "tool_doc": DOC_VERSION, "lexical_weight": lexical_weight,
+                     "registries": "evals.routing.registries_for (own server first)"},
+        "encoders": encoders,
+        "router": router_info,
+        "arms": {a: {"protocol": c["protocol"], "lines": lines_of[c["lines"]], "lexical_weight": c["lexical_weight"],
+                     "by_size": {s: summarize(hits[a][s], by_id) for s in size_list}} for a, c in arms.items()},
+        "paired": {f"{a} vs {b}": {s: paired(hits[a][s], hits[b][s]) for s in size_list} for a, b in against
+                   if a in hits and b in hits},
+        "seconds": round(time.time() - t0, 1),
+    }
+    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
+    if plot_png:
+        plot(report, str(Path(out_json).with_suffix(".png")))
+    return report
+
+
+def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[str], draws: int,
+                arms: dict[str, dict[str, Any]], hits: dict[str, Any]) -> dict[str, Any]:
+    """The production router's arms (module docstring), added to ``arms`` and ``hits``; what the gate model is."""
+    import tempfile
+
+    from evals.routing import _open_router, route_lines
+    from services.common.embedder import Embedder
+    from services.common.store import LocalStore
+
+    meta = json.loads((Path(gate) / "gate.json").read_text())
+    hp = meta.get("hyperparams") or {}
+    unseen = bool(hp.get("encoder")) and not hp.get("q_epochs")
+    label = "unseen" if unseen else "seen"
+    name = "router (public encoder, tools as new)" if unseen else "router (encoder trained on these tools)"
+    with tempfile.TemporaryDirectory(prefix="nexus-public-") as tmp:
+        store = LocalStore(tmp)
+        store.registry_put(list(registry.tools))
+        router = _open_router(store, Embedder(""), gate, exemplar_weight=0.0, precision="int8")
+        if router.gate is None:
+            raise ValueError(f"the gate model at {gate} did not load")
+        for key, ls in sets.items():
+            arm = name if key == "queries" else f"{name}, new requests"
+            regs = {(s, d): ls["regs"][d][s] for s in size_list for d in range(1 if s == "all" else draws)}
+            recs = route_lines(router, ls["lines"], regs, range(len(ls["lines"])))
+            arms[arm] = {"protocol": label, "lines": key, "lexical_weight": router.lexical_weight}
+            hits[arm] = {s: {f"{r['id']}#{d}": (r["correct"], r["slb_top3"]) for (s2, d), rs in recs.items()
+                             if s2 == s for r in rs} for s in size_list}
+    return {"gate": str(gate), "tool_keys": meta.get("tool_keys", "base"), "protocol": label,
+            "alt_keys": bool((meta.get("slb") or {}).get("alt_keys")), "lexical_weight": router.lexical_weight,
+            "exemplar_weight": 0.0, "precision": "int8"}
+
+
+def plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p = report["protocol"]
+    sizes = p["sizes"]
+    groups = [(p["queries"], f"{p['queries']} ({p['lines']} requests)")]
+    if p.get("new_queries"):
+        groups.append((p["new_queries"], f"new requests: {p['new_queries']} ({p['new_lines']})"))
+    fig, axes = plt.subplots(len(groups), 2, figsize=(12, 4.4 * len(groups)), squeeze=False)
+    for row, (lines, title) in enumerate(groups):
+        for ax, metric in zip(axes[row], ("top1", "top3"), strict=True):
+            for arm, a in report["arms"].items():
+                if a["lines"] != lines:
+                    continue
+                y = [100 * a["by_size"][s][metric] for s in sizes]
+                ci = [a["by_size"][s][f"{metric}_bootstrap95_lines"] for s in sizes]
+                (line,) = ax.plot(sizes, y, marker="o", ls="--" if a["protocol"] == "seen" else "-", label=arm)
+                ax.fill_between(sizes, [100 * c[0] for c in ci], [100 * c[1] for c in ci], alpha=0.12,
+                                color=line.get_color())
+            target = 80 if metric == "top1" else 93
+            ax.axhline(target, color="grey", ls=":", lw=1, label=f"issue 50 unseen target at 250 ({target} %)")
+            ax.set_xlabel("registry size N")
+            ax.set_ylabel(f"{metric} %")
+            ax.set_title(f"{title}: {metric} (dashed: seen, exemplar keys)", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[row][0].legend(fontsize=7)
+    fig.suptitle(f"encoder trained on public tools only; {p['tools']} shipped tools as unseen, {p['draws']} draws",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from training.data import prepare_training_env
+
+    prepare_training_env()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--encoder", default=str(DEFAULT_ENCODER), help="the public-trained sentence-transformers dir")
+    ap.add_argument("--base", default="", help="the baseline encoder ('' = the wheel's all-MiniLM-L6-v2)")
+    ap.add_argument("--queries", default=str(REPO / "data/queries/train.jsonl"))
+    ap.add_argument("--tools", default=str(REPO / "data/mcp_tools"))
+    ap.add_argument("--sizes", default="10,50,100,250,all")
+    ap.add_argument("--draws", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lexical-weight", type=float, default=LEXICAL_WEIGHT)
+    ap.add_argument("--servers", default="", help="comma-separated servers to restrict the registry to (tests)")
+    ap.add_argument("--new-queries", default=str(REPO / "data/routing_calibration"),
+                    help="requests that are not keys, scored with every --queries request as a key ('' = none)")
+    ap.add_argument("--gate", default="", help="a gate model: the production router's arm ('' = none)")
+    ap.add_argument("--json", default=str(REPO / "reports/routing_public.json"))
+    a = ap.parse_args(argv)
+    rep = evaluate(a.encoder, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes, draws=a.draws,
+                   seed=a.seed, lexical_weight=a.lexical_weight,
+                   servers=[s for s in a.servers.split(",") if s], new_queries=a.new_queries, gate=a.gate)
+    for arm, x in rep["arms"].items():
+        row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
+        print(f"{arm:52s} {row}")
+    print(f"written {a.json} ({rep['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

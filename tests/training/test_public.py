@@ -1,0 +1,161 @@
+"""The public-tools encoder (training/public.py) and the public protocol (evals/public.py, `nexus eval routing --protocol public`): the Seal-Tools
+data loads as MCP tools and request-tool pairs, the overlap filter drops what comes close to a shipped tool (and the
+requests that call it), a 20-pair run trains one step into a loadable sentence-transformers directory with a
+checkpoint it resumes from, and the probe scores an encoder on a small registry, never keying a request on itself.
+The full run is `python -m training.public` (~40 min on 2 cores)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from services.common.tools import Tool
+from tests.conftest import REPO
+from training import public
+
+
+def test_seal_tools_and_pairs_load_as_mcp_tools_with_json_schema_types():
+    tools = public.load_seal_tools()
+    assert len(tools) == 4076 and len({t.name for t in tools}) == 4076
+    types = {p["type"] for t in tools for p in t.input_schema["properties"].values()}
+    assert types <= {"string", "integer", "number", "boolean", "array", "object", "null"}
+    pairs = public.load_seal_pairs(known={t.name for t in tools})
+    assert len({p.request_id for p in pairs}) == 1400
+    # single-call requests give one pair, multi-call ones one per distinct call
+    assert len(pairs) > 3000 and all(p.query and p.tool for p in pairs)
+    per_request = {}
+    for p in pairs:
+        per_request.setdefault(p.request_id, []).append(p.tool)
+    assert all(len(v) == len(set(v)) for v in per_request.values())
+    assert max(len(v) for v in per_request.values()) > 1
+
+
+def test_the_tool_document_reads_names_as_words_with_description_and_parameters():
+    t = Tool("getWaterQuality", "Retrieve the  water quality\nof a lake", {
+        "type": "object", "properties": {"location": {"type": "string"}, "date": {"type": "string"}}})
+    assert public.tool_doc(t) == "get Water Quality: Retrieve the water quality of a lake Parameters: location, date"
+    assert public.name_words("get_file_contents") == "get file contents"
+    assert public.name_words("getHTTPResponse") == "get HTTP Response"
+
+
+def _tool(name, desc):
+    return Tool(name, desc, {"type": "object", "properties": {"x": {"type": "string"}}})
+
+
+def test_the_overlap_filter_drops_close_and_hand_listed_tools_and_their_requests(tmp_path, monkeypatch):
+    from training.public import Pair, apply_filter, base_embed_fn, overlap_filter
+
+    shipped = [_tool("get_current_time", "Get current time in a specific timezone"),
+               _tool("slack_post_message", "Post a new message to a Slack channel")]
+    pub = [_tool("getCurrentTime", "Get the current time in a given time zone"),
+           _tool("sendInternalMessage", "Send a message to internal team members"),
+           _tool("analyzeSoilSample", "Analyze the nutrient content of a soil sample")]
+    embed = base_embed_fn()
+    rep = overlap_filter(pub, shipped, embed, hand={"sendInternalMessage": ("slack_post_message", "posts a message")})
+    by = {r["tool"]: r for r in rep["dropped"]}
+    assert set(by) == {"getCurrentTime", "sendInternalMessage"}
+    assert by["getCurrentTime"]["nearest_shipped"] == "get_current_time" and by["getCurrentTime"]["cosine"] >= 0.8
+    assert by["sendInternalMessage"]["by"] == "hand"
+    assert rep["n_dropped"] == 2 and rep["by"]["hand"] == 1
+    with pytest.raises(ValueError, match="not in the public set"):
+        overlap_filter(pub, shipped, embed, hand={"noSuchTool": ("get_current_time", "")})
+    # a request calling a dropped tool goes whole, its other calls too
+    pairs = [Pair("r1", "what time is it in Oslo and how is the soil", "getCurrentTime"),
+             Pair("r1", "what time is it in Oslo and how is the soil", "analyzeSoilSample"),
+             Pair("r2", "test this soil", "analyzeSoilSample")]
+    assert apply_filter(pairs, {"getCurrentTime"}) == [pairs[2]]
+    # the report is cached by its inputs: a second call reads it, another threshold recomputes it
+    path = tmp_path / "dropped.json"
+    monkeypatch.setattr(public, "HAND_DROPPED", {})
+    first = public.dropped_tools(pub, shipped, path, embed=embed)
+    assert json.loads(path.read_text())["key"] == first["key"]
+    assert public.dropped_tools(pub, shipped, path, embed=lambda t: pytest.fail("recomputed"))["key"] == first["key"]
+    assert public.dropped_tools(pub, shipped, path, embed=embed, threshold=0.99)["key"] != first["key"]
+
+
+def test_the_shipped_overlap_report_matches_the_data():
+    """data/public_tools/dropped.json is the filter's answer for the committed tools and hand list."""
+    rep = json.loads((REPO / "data" / "public_tools" / public.DROPPED).read_text())
+    pub, shipped = public.load_seal_tools(), public.load_shipped_tools()
+    assert rep["key"] == public.filter_key(pub, shipped, public.OVERLAP_THRESHOLD, public.HAND_DROPPED)
+    assert {r["tool"] for r in rep["dropped"]} >= set(public.HAND_DROPPED)
+    shipped_names = {t.name for t in shipped}
+    assert all(r["nearest_shipped"] in shipped_names for r in rep["dropped"])
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory):
+    """One optimizer step on 20 Seal pairs (one epoch of one batch), from base MiniLM."""
+    tools = {t.name: t for t in public.load_seal_tools()}
+    pairs = public.load_seal_pairs(known=set(tools))[:20]
+    out = tmp_path_factory.mktemp("public") / "enc"
+    meta = public.train(pairs, tools, out, public.PublicHyperParams(epochs=1, batch_size=32), progress=False)
+    return out, meta, pairs, tools
+
+
+def test_a_twenty_pair_run_trains_one_step_checkpoints_and_resumes(tiny_encoder):
+    from sentence_transformers import SentenceTransformer
+
+    out, meta, pairs, tools = tiny_encoder
+    assert meta["steps"] == 1 and meta["n_pairs"] == 20
+    assert (out / "checkpoints" / "checkpoint-1" / "trainer_state.json").is_file()
+    m = SentenceTransformer(str(out), device="cpu")
+    assert m.max_seq_length == 128
+    v = m.encode(["what is the water quality of the lake"], normalize_embeddings=True)
+    assert v.shape == (1, 384) and abs(float(np.linalg.norm(v)) - 1) < 1e-4
+    again = public.train(pairs, tools, out, public.PublicHyperParams(epochs=1, batch_size=32), progress=False)
+    assert again["resumed_from"].endswith("checkpoint-1") and again["steps"] == 1
+
+
+def test_exemplar_keys_never_key_a_request_on_itself():
+    from evals import public as probe
+    qv = np.eye(3, dtype=np.float32)
+    qv[2] = qv[0]  # line 2 repeats line 0's text: neither may key the other
+    ex = probe.exemplar_scores(qv, ["a", "b", "a"], [0, 0, 1], 2)
+    assert ex[0, 0] == 0.0 and ex[0, 1] == -np.inf  # line 0: tool 0 only through line 1; line 2 is its own text
+    assert ex[1, 0] == 0.0 and ex[2, 0] == 0.0 and ex[2, 1] == -np.inf
+    # new requests keyed by the file's: only a key of the same text is left out
+    new = probe.exemplar_scores(qv[:2], ["a", "c"], [0, 1], 2, keys=(qv, ["a", "b", "a"], [0, 0, 1]))
+    assert new[0, 0] == 0.0 and new[0, 1] == -np.inf and new[1, 0] == 1.0 and new[1, 1] == 0.0
+
+
+def test_the_probe_scores_an_encoder_on_a_small_registry(tiny_encoder, tmp_path):
+    from evals import public as probe
+    out_json = tmp_path / "probe.json"
+    rep = probe.evaluate(str(tiny_encoder[0]), str(out_json), servers=("time", "redis"), sizes="3,all", draws=2,
+                         new_queries=str(REPO / "data" / "routing_calibration" / "time-b4.jsonl"))
+    p = rep["protocol"]
+    assert p["tools"] == 6 and p["lines"] > 10 and p["new_lines"] == 8
+    assert set(rep["arms"]) == {"base dense", "base + bm25", "public dense", "public + bm25",
+                                "base + exemplar keys (seen)", "base + exemplar keys + bm25 (seen)",
+                                "public + exemplar keys (seen)", "public + exemplar keys + bm25 (seen)",
+                                "base dense, new requests", "public dense, new requests",
+                                "base + exemplar keys, new requests (seen)",
+                                "public + exemplar keys, new requests (seen)",
+                                "public + exemplar keys + bm25, new requests (seen)"}
+    for arm, a in rep["arms"].items():
+        assert a["protocol"] == ("seen" if "exemplar" in arm else "unseen")
+        n_lines = p["new_lines"] if "new requests" in arm else p["lines"]
+        for s, x in a["by_size"].items():
+            assert 0 <= x["top1"] <= x["top3"] <= 1
+            lo, hi = x["top1_wilson95"]
+            assert lo <= x["top1"] <= hi
+            # every draw of "all" is the whole registry: counted once
+            assert x["n_lines"] == n_lines and x["n_line_draws"] == n_lines * (1 if s == "all" else 2)
+    assert json.loads(out_json.read_text())["encoders"]["public"]["public_meta"]["steps"] == 1
+    assert out_json.with_suffix(".png").is_file()
+
+
+def test_the_public_protocol_adds_the_production_routers_arm(tiny_encoder, small_gate, tmp_path):
+    """--gate: the production router (the gate model's INT8 graph, no exemplar key, no bias) routes every line over
+    the same drawn registries; a model fine-tuned on these tools' lines is labelled seen, never unseen."""
+    from evals import public as protocol
+
+    rep = protocol.evaluate(str(tiny_encoder[0]), str(tmp_path / "p.json"), servers=("time", "redis"), sizes="3,all",
+                          draws=2, gate=str(small_gate), plot_png=False)
+    arm = "router (encoder trained on these tools)"
+    assert rep["router"]["protocol"] == "seen" and rep["router"]["exemplar_weight"] == 0.0
+    assert rep["arms"][arm]["protocol"] == "seen"
+    x = rep["arms"][arm]["by_size"]
+    assert x["3"]["n_line_draws"] == 2 * rep["protocol"]["lines"] and x["all"]["n_line_draws"] == rep["protocol"]["lines"]
+    assert 0 < x["3"]["top1"] <= x["3"]["top3"] <= 1
