@@ -112,7 +112,8 @@ def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lin
          only: Sequence[str] = ()) -> dict[str, Any]:
     """Write each model's serving form from ``cache/<model>`` into ``out/<model>`` and the manifest
     ``out/manifest.json`` (other files of ``out``, e.g. gguf.json, are left alone). Atomic per model. The gate's
-    ``gate_parity`` on ``parity_lines`` (default: the calibration lines) is recorded and must reach ``MIN_PARITY``.
+    ``gate_parity`` on ``parity_lines`` (default: the calibration lines) is recorded and must reach ``MIN_PARITY``;
+    every form is staged and checked first, so a failed check ships nothing.
     ``only``: ship these models and keep the others' entries of the existing manifest, which must still be current
     (their recipe key the tree's)."""
     manifest: dict[str, Any] = {"format": FORMAT, "models": {}}
@@ -126,43 +127,45 @@ def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lin
             entry = old["models"].get(name)
             if entry is None or entry["recipe"] != recipe_key(name, repo):
                 raise ValueError(f"models/{name} is {'not shipped' if entry is None else 'stale'}: ship it too")
-    for name, fn in SHIPPERS.items():
-        if only and name not in only:
-            manifest["models"][name] = old["models"][name]
-            continue
-        src = cache / name
-        if not src.is_dir():
-            raise FileNotFoundError(f"no trained {name} at {src}: `make train` trains it")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        try:
+    staged: dict[str, Path] = {}
+    try:  # every serving form is made and checked in a staging directory; nothing shipped changes unless all pass
+        for name, fn in SHIPPERS.items():
+            if only and name not in only:
+                manifest["models"][name] = old["models"][name]
+                continue
+            src = cache / name
+            if not src.is_dir():
+                raise FileNotFoundError(f"no trained {name} at {src}: `make train` trains it")
+            tmp = staged[name] = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
+            tmp.chmod(0o755)  # mkdtemp makes it private
             fn(src, tmp)
-            files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256(p)}
-                     for p in sorted(tmp.rglob("*")) if p.is_file()}
+            entry = manifest["models"][name] = {
+                "recipe": recipe_key(name, repo), "trained": _trained(src, name),
+                "files": {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256(p)}
+                          for p in sorted(tmp.rglob("*")) if p.is_file()}}
+            if RECIPES[name].after:
+                entry["after"] = {a: recipe_key(a, repo) for a in RECIPES[name].after}
+            if name == "gate":
+                if parity_lines is None:
+                    from training.data import load_augment
+                    from training.recipes import CALIBRATION
+
+                    parity_lines = load_augment(str(repo / CALIBRATION))
+                parity = entry["parity"] = gate_parity(src, tmp, repo / "data" / "mcp_tools", parity_lines)
+                if parity["agree"] < MIN_PARITY:
+                    raise ValueError(f"the gate's serving form routes {parity['agree']:.1%} of {parity['n']} lines "
+                                     f"as its training form, under {MIN_PARITY:.0%}: nothing shipped ({parity})")
+        total = sum(f["size"] for m in manifest["models"].values() for f in m["files"].values())
+        if total > MAX_BYTES:
+            raise ValueError(f"the shipped models take {total / 1e6:.1f} MB, over the {MAX_BYTES / 1e6:.0f} MB budget")
+        for name, tmp in staged.items():
             if (out / name).exists():
                 shutil.rmtree(out / name)
             tmp.rename(out / name)
-        finally:
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    finally:
+        for tmp in staged.values():
             shutil.rmtree(tmp, ignore_errors=True)
-        manifest["models"][name] = {"recipe": recipe_key(name, repo), "trained": _trained(src, name),
-                                    "files": files}
-        if RECIPES[name].after:
-            manifest["models"][name]["after"] = {a: recipe_key(a, repo) for a in RECIPES[name].after}
-        if name == "gate":
-            if parity_lines is None:
-                from training.data import load_augment
-                from training.recipes import CALIBRATION
-
-                parity_lines = load_augment(str(repo / CALIBRATION))
-            parity = gate_parity(src, out / name, repo / "data" / "mcp_tools", parity_lines)
-            if parity["agree"] < MIN_PARITY:
-                raise ValueError(f"the shipped gate routes {parity['agree']:.1%} of {parity['n']} lines as its "
-                                 f"training form, under {MIN_PARITY:.0%}: not shipped")
-            manifest["models"][name]["parity"] = parity
-    total = sum(f["size"] for m in manifest["models"].values() for f in m["files"].values())
-    if total > MAX_BYTES:
-        raise ValueError(f"the shipped models take {total / 1e6:.1f} MB, over the {MAX_BYTES / 1e6:.0f} MB budget")
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

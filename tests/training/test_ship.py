@@ -214,3 +214,16 @@ def test_the_slot_bench_compares_the_shipped_reader_with_its_training_form(small
     out = subprocess.run([*bench, "--trained", str(small["out"] / "slots")], capture_output=True, text=True,
                          timeout=120, cwd=REPO)
     assert out.returncode == 2 and "no torch reader" in out.stderr
+
+
+def test_a_failed_parity_check_ships_nothing(small, tmp_path, monkeypatch):
+    """The serving forms are staged and checked before anything is replaced: a gate whose INT8 form disagrees with
+    its training form leaves models/ (files and manifest) as they were."""
+    out = tmp_path / "models"
+    shutil.copytree(small["out"], out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr(ship, "MIN_PARITY", 1.01)  # no serving form can agree more than always
+    with pytest.raises(ValueError, match="nothing shipped"):
+        ship.ship(small["cache"], out, parity_lines=small["lines"][:5])
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging directory left behind
