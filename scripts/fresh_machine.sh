@@ -32,6 +32,8 @@ phase setup_rest setup
   printf '{\n  "commit": "%s",\n  "date": "%s",\n  "cpus": %s,\n  "home": "empty (a new temporary directory)",\n  "phases_s": {' \
     "$(git rev-parse --short HEAD)" "$(date -u +%FT%TZ)" "$(nproc)"
   for i in "${!names[@]}"; do printf '%s\n    "%s": %.1f' "$([ "$i" -gt 0 ] && echo ,)" "${names[$i]}" "${secs[$i]}"; done
-  printf '\n  },\n  "tests": "%s"\n}\n' "$(grep -E '[0-9]+ passed' "$work/test.log" 2>/dev/null | tail -1 | tr -d '=' | xargs || echo 'not run')"
+  tests="not run"
+  [ -f "$work/test.log" ] && tests=$(grep -E '[0-9]+ passed' "$work/test.log" | tail -1 | tr -d '=' | xargs)
+  printf '\n  },\n  "tests": "%s"\n}\n' "$tests"
 } > "$here/reports/fresh_machine.json"
 cat "$here/reports/fresh_machine.json"
