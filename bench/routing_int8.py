@@ -4,14 +4,14 @@
 
 Each fold's gate model (the evaluation's, trained once and cached under ``--models-root``) is opened as the product
 opens it, in process, in three arms: ``fp32`` (``query_encoder_precision = fp32``: the ONNX graph whose vectors are
-the torch vectors), ``int8`` (the product's INT8 graph, ``services/router/onnx_encoder.quantize``: dynamic
-per-channel quantization of a SmoothQuant-smoothed copy of the encoder, calibrated on the model's exemplar requests)
-and ``int8-plain`` (the same quantization without the smoothing, §27's graph, made here in a temporary copy of the
+the torch vectors), ``int8`` (the product's INT8 graph, ``services/router/onnx_encoder.quantize``: block-wise int8
+weights and activations of every MatMul, int8 embedding rows) and ``int8-dynamic`` (onnxruntime's dynamic
+quantization: per-channel int8 weights, activations per tensor, §27's graph, made here in a temporary copy of the
 model). The SLB's keys stay as trained. Every held-out line of the fold is routed by every arm, interleaved line by
 line with the arm order rotating, over every size and ``--draws`` draws of distractors (the evaluation's
 registries; the stage off, as the product ships). Written: held-out top-1 per size pooled over lines x draws
 (bootstrap CI over lines), the (line, draw) pairs each INT8 arm fixed and broke against fp32 (and int8 against
-int8-plain) with an exact sign test, per-fold top-1, the router's own ``route_ms`` percentiles per arm (embedding +
+int8-dynamic) with an exact sign test, per-fold top-1, the router's own ``route_ms`` percentiles per arm (embedding +
 scan; one thread) and their ratios, and a PNG.
 """
 
@@ -32,19 +32,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from evals.routing_models import prepare_training_env  # noqa: E402
 from evals.stats import sign_test  # noqa: E402
 
-ARMS = ("fp32", "int8", "int8-plain")
-PRECISION = {"fp32": "fp32", "int8": "int8", "int8-plain": "int8"}
+ARMS = ("fp32", "int8", "int8-dynamic")
+PRECISION = {"fp32": "fp32", "int8": "int8", "int8-dynamic": "int8"}
 QUANTILES = [x / 2 for x in range(201)]  # the latency CDF as written: every half percentile
 
 
-def plain_copy(gate: Path, dst: Path) -> Path:
-    """A copy of the gate model ``gate`` at ``dst`` (every file a link) whose INT8 graph is the plain dynamic
-    quantization of its fp32 export: no smoothing (§27). The model itself is left alone."""
-    from services.router.onnx_encoder import onnx_path, quantize
+def dynamic_copy(gate: Path, dst: Path) -> Path:
+    """A copy of the gate model ``gate`` at ``dst`` (every file a link) whose INT8 graph is onnxruntime's dynamic
+    quantization of its fp32 export (per-channel int8 weights, per-tensor activations; §27). The model itself is
+    left alone."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from services.router.onnx_encoder import onnx_path
 
     shutil.copytree(gate.resolve(), dst, copy_function=os.symlink)
-    onnx_path(dst / "query_encoder", "int8").unlink()  # the link only: quantize writes a file in its place
-    quantize(dst / "query_encoder")
+    out = onnx_path(dst / "query_encoder", "int8")
+    out.unlink()  # the link only: a file is written in its place
+    pre = dst / "pre.onnx"
+    quant_pre_process(str(onnx_path(dst / "query_encoder")), str(pre), skip_symbolic_shape=True)
+    quantize_dynamic(str(pre), str(out), per_channel=True, weight_type=QuantType.QInt8)
     return dst
 
 
@@ -113,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         store.registry_put(list(proto.registry.tools))
         for f in folds:
             if int8_method(Path(dirs[f]) / "query_encoder") != INT8_METHOD:
-                raise RuntimeError(f"fold {f} ({dirs[f]}): its INT8 graph is not smoothed ({INT8_METHOD}); run "
+                raise RuntimeError(f"fold {f} ({dirs[f]}): its INT8 graph is not of {INT8_METHOD}; run "
                                    "`make models` (or `nexus train-gate` on its data) to write it")
-            arm_dirs = {"fp32": dirs[f], "int8": dirs[f], "int8-plain": plain_copy(Path(dirs[f]), Path(tmp) / str(f))}
+            arm_dirs = {"fp32": dirs[f], "int8": dirs[f], "int8-dynamic": dynamic_copy(Path(dirs[f]), Path(tmp) / str(f))}
             routers = {arm: _open_router(store, embedder, arm_dirs[arm], precision=PRECISION[arm]) for arm in ARMS}
             got = {arm: getattr(routers[arm].gate.onnx, "precision", None) for arm in ARMS}
             if got != PRECISION:
@@ -138,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             for arm in ARMS), flush=True)
             del routers
     pooled, paired = pool_line_draws(hits, "fp32")
-    paired["int8_vs_int8-plain"] = pool_line_draws({k: hits[k] for k in ("int8-plain", "int8")}, "int8-plain")[1]["int8"]
+    paired["int8_vs_int8-dynamic"] = pool_line_draws({k: hits[k] for k in ("int8-dynamic", "int8")},
+                                                     "int8-dynamic")[1]["int8"]
     for by_size in paired.values():
         for c in by_size.values():
             c["sign_test_p"] = sign_test(c["fixed"], c["broken"])

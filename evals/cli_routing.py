@@ -83,8 +83,10 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                         "line routed by arms that took nothing from its server (evals/unseen.py); seen (default): "
                         "known tools, new requests")
     p.add_argument("--gate", default="",
-                   help="--protocol public: a gate model whose production router is one more arm (every tool scored "
-                        "as a newly registered one)")
+                   help="--protocol public: comma-separated gate models, each the production router's arms (every "
+                        "tool scored as a newly registered one; on the new requests also as it serves)")
+    p.add_argument("--score-servers", default="",
+                   help="--protocol public: score only these servers' requests (a fold whose encoder held them out)")
     p.add_argument("--new-queries", default=_checkout_data("routing_calibration"),
                    help="--protocol public: requests that are never keys, scored with every --queries request as a "
                         "key (default: data/routing_calibration; '' = none)")
@@ -134,7 +136,9 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
                 raise SystemExit("nexus eval routing --protocol public: --encoder DIR (training/public.py's encoder; "
                                  "`make train` writes ~/.cache/nexus/models/encoder)")
             rep = public.evaluate(args.encoder, args.out, queries=args.queries, tools=args.tools, sizes=args.sizes,
-                                  draws=args.draws, seed=args.seed, new_queries=args.new_queries, gate=args.gate)
+                                  draws=args.draws, seed=args.seed, new_queries=args.new_queries,
+                                  gate=[g for g in (args.gate or "").split(",") if g],
+                                  score_servers=[s for s in (args.score_servers or "").split(",") if s])
             brief = {a: {s: {k: round(v[k], 4) for k in ("top1", "top3")} for s, v in x["by_size"].items()}
                      for a, x in rep["arms"].items()}
             print(json.dumps({"arms": brief, "json": args.out, "seconds": round(time.time() - t0)}, indent=2))

@@ -131,9 +131,12 @@ def summarize(hits: Mapping[str, tuple[bool, bool]], by_id) -> dict[str, Any]:
 def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(REPO / "data/queries/train.jsonl"),
              tools: str = str(REPO / "data/mcp_tools"), sizes: str = "10,50,100,250,all", draws: int = 3,
              seed: int = 0, lexical_weight: float = LEXICAL_WEIGHT, servers: Sequence[str] = (),
-             new_queries: str = "", gate: str = "", plot_png: bool = True) -> dict[str, Any]:
+             new_queries: str = "", gate: str | Sequence[str] = (), score_servers: Sequence[str] = (),
+             plot_png: bool = True) -> dict[str, Any]:
     """Run the probe (module docstring); ``new_queries``: requests over the shipped tools that are not keys (a JSONL
-    file or a directory, e.g. data/routing_calibration; '' = none), scored with all of ``queries`` as exemplar keys."""
+    file or a directory, e.g. data/routing_calibration; '' = none), scored with all of ``queries`` as exemplar keys.
+    ``gate``: gate models, each the production router's arms. ``score_servers``: score only these servers' requests
+    (over registries of every tool): a fold whose encoder held them out."""
     from evals.routing import registries_for
     from evals.unseen import paired
     from services.router.context import routing_text
@@ -154,6 +157,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
     def line_set(raw: Sequence[QueryLine]) -> dict[str, Any]:
         ls = [ln if ln.server else QueryLine(**{**ln.__dict__, "server": registry.server_of[ln.tool]})
               for ln in raw if ln.tool in pos]
+        if score_servers:
+            ls = [ln for ln in ls if ln.server in set(score_servers)]
         texts = [routing_text(ln.query, list(ln.history)) for ln in ls]
         lex = (np.vstack([index.scores(query_part(t)) for t in texts]).astype(np.float32) if ls
                else np.zeros((0, len(names)), np.float32))
@@ -213,9 +218,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
     hits = {a: {s: rank_hits(scores[c["scores"]], sets[c["lines"]]["lex"], c["lexical_weight"],
                              sets[c["lines"]]["lines"], sets[c["lines"]]["regs"], s, pos, names)
                 for s in size_list} for a, c in arms.items()}
-    router_info = None
-    if gate:
-        router_info = router_arms(gate, registry, sets, size_list, draws, arms, hits)
+    gates = [gate] if isinstance(gate, str) else list(gate)
+    routers = [router_arms(g, registry, sets, size_list, draws, arms, hits, score_servers) for g in gates if g]
     by_id = {ln.id: ln for ls in sets.values() for ln in ls["lines"]}
     # (arm, what it is compared with, on the same lines): the training's gain per scoring, BM25's, the keys'
     against = [("public dense", "base dense"), ("public + bm25", "base + bm25"), ("base + bm25", "base dense"),
@@ -237,10 +241,11 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                      "tools": len(names), "sizes": size_list, "draws": draws, "seed": seed,
                      "queries": lines_of["queries"], "new_queries": lines_of["new"],
                      "registry": os.path.relpath(tools, REPO), "servers": sorted(servers) or "all",
+                     "scored_servers": sorted(score_servers) or "all",
                      "tool_doc": DOC_VERSION, "lexical_weight": lexical_weight,
                      "registries": "evals.routing.registries_for (own server first)"},
         "encoders": encoders,
-        "router": router_info,
+        "routers": routers,
         "arms": {a: {"protocol": c["protocol"], "lines": lines_of[c["lines"]], "lexical_weight": c["lexical_weight"],
                      "by_size": {s: summarize(hits[a][s], by_id) for s in size_list}} for a, c in arms.items()},
         "paired": {f"{a} vs {b}": {s: paired(hits[a][s], hits[b][s]) for s in size_list} for a, b in against
@@ -254,9 +259,27 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
     return report
 
 
+def gate_protocol(gate: str | Path, servers: Sequence[str] = ()) -> str:
+    """"unseen" when the gate model's encoder never trained on a line or tool of ``servers`` (every shipped server
+    when empty): built on a training.public encoder with q_epochs 0 that was trained on public tools only, or with
+    those servers held out; else "seen"."""
+    hp = json.loads((Path(gate) / "gate.json").read_text()).get("hyperparams") or {}
+    if not hp.get("encoder") or hp.get("q_epochs"):
+        return "seen"
+    meta_file = Path(hp["encoder"]) / "public_meta.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    if not meta.get("with_shipped"):
+        return "unseen"
+    held = {x for x in str(meta.get("holdout_servers") or "").split(",") if x}
+    return "unseen" if servers and set(servers) <= held else "seen"
+
+
 def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[str], draws: int,
-                arms: dict[str, dict[str, Any]], hits: dict[str, Any]) -> dict[str, Any]:
-    """The production router's arms (module docstring), added to ``arms`` and ``hits``; what the gate model is."""
+                arms: dict[str, dict[str, Any]], hits: dict[str, Any], score_servers: Sequence[str] = ()
+                ) -> dict[str, Any]:
+    """The production router's arms (module docstring), added to ``arms`` and ``hits``; what the gate model is.
+    Every tool scored as a new one (no exemplar key, no bias) on each line set, and, on the new requests, the router
+    as it serves (the gate model's own exemplar keys and weight: a seen figure)."""
     import tempfile
 
     from evals.routing import _open_router, route_lines
@@ -264,26 +287,29 @@ def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[s
     from services.common.store import LocalStore
 
     meta = json.loads((Path(gate) / "gate.json").read_text())
-    hp = meta.get("hyperparams") or {}
-    unseen = bool(hp.get("encoder")) and not hp.get("q_epochs")
-    label = "unseen" if unseen else "seen"
-    name = "router (public encoder, tools as new)" if unseen else "router (encoder trained on these tools)"
+    label = gate_protocol(gate, score_servers)
+    tag = f"router {Path(gate).name}"
+    passes = [(0.0, "tools as new", label, tuple(sets))]
+    if "new" in sets:
+        passes.append((-1.0, "as it serves", "seen", ("new",)))
     with tempfile.TemporaryDirectory(prefix="nexus-public-") as tmp:
         store = LocalStore(tmp)
         store.registry_put(list(registry.tools))
-        router = _open_router(store, Embedder(""), gate, exemplar_weight=0.0, precision="int8")
-        if router.gate is None:
-            raise ValueError(f"the gate model at {gate} did not load")
-        for key, ls in sets.items():
-            arm = name if key == "queries" else f"{name}, new requests"
-            regs = {(s, d): ls["regs"][d][s] for s in size_list for d in range(1 if s == "all" else draws)}
-            recs = route_lines(router, ls["lines"], regs, range(len(ls["lines"])))
-            arms[arm] = {"protocol": label, "lines": key, "lexical_weight": router.lexical_weight}
-            hits[arm] = {s: {f"{r['id']}#{d}": (r["correct"], r["slb_top3"]) for (s2, d), rs in recs.items()
-                             if s2 == s for r in rs} for s in size_list}
-    return {"gate": str(gate), "tool_keys": meta.get("tool_keys", "base"), "protocol": label,
+        for weight, what, protocol, keys in passes:
+            router = _open_router(store, Embedder(""), gate, exemplar_weight=weight, precision="int8")
+            if router.gate is None:
+                raise ValueError(f"the gate model at {gate} did not load")
+            for key in keys:
+                ls = sets[key]
+                arm = f"{tag} ({label}, {what})" if key == "queries" else f"{tag} ({protocol}, {what}), new requests"
+                regs = {(s, d): ls["regs"][d][s] for s in size_list for d in range(1 if s == "all" else draws)}
+                recs = route_lines(router, ls["lines"], regs, range(len(ls["lines"])))
+                arms[arm] = {"protocol": protocol, "lines": key, "lexical_weight": router.lexical_weight}
+                hits[arm] = {s: {f"{r['id']}#{d}": (r["correct"], r["slb_top3"]) for (s2, d), rs in recs.items()
+                                 if s2 == s for r in rs} for s in size_list}
+    return {"gate": str(gate), "arm": tag, "tool_keys": meta.get("tool_keys", "base"), "protocol": label,
             "alt_keys": bool((meta.get("slb") or {}).get("alt_keys")), "lexical_weight": router.lexical_weight,
-            "exemplar_weight": 0.0, "precision": "int8"}
+            "exemplar_weight": float((meta.get("slb") or {}).get("exemplar_weight") or 0.0), "precision": "int8"}
 
 
 def plot(report: dict[str, Any], path: str) -> None:
@@ -338,12 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--servers", default="", help="comma-separated servers to restrict the registry to (tests)")
     ap.add_argument("--new-queries", default=str(REPO / "data/routing_calibration"),
                     help="requests that are not keys, scored with every --queries request as a key ('' = none)")
-    ap.add_argument("--gate", default="", help="a gate model: the production router's arm ('' = none)")
+    ap.add_argument("--gate", default="", help="comma-separated gate models: the production router's arms")
+    ap.add_argument("--score-servers", default="", help="comma-separated: score only these servers' requests")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public.json"))
     a = ap.parse_args(argv)
     rep = evaluate(a.encoder, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes, draws=a.draws,
                    seed=a.seed, lexical_weight=a.lexical_weight,
-                   servers=[s for s in a.servers.split(",") if s], new_queries=a.new_queries, gate=a.gate)
+                   servers=[s for s in a.servers.split(",") if s], new_queries=a.new_queries,
+                   gate=[g for g in a.gate.split(",") if g], score_servers=[s for s in a.score_servers.split(",") if s])
     for arm, x in rep["arms"].items():
         row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
         print(f"{arm:52s} {row}")

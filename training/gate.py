@@ -128,6 +128,11 @@ class GateHyperParams:
     encoder: str = ""
 
 
+# The shipped gate model (training/recipes.py): built on the router's encoder (``make train`` passes its directory as
+# ``encoder``), whose weights it keeps, with no cross-encoder. Only the SLB's calibration is fitted here.
+SHIPPED_GATE = GateHyperParams(q_epochs=0, ce_epochs=0)
+
+
 def base_encoder_path(hp: GateHyperParams) -> Path:
     """The directory every vector of a gate model starts from (``GateHyperParams.encoder``)."""
     from services.common.models import resolve_embedder
@@ -767,10 +772,8 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
                 os.replace(tmp, existing)
             if not onnx_path(out / "query_encoder").is_file():  # a model trained before the ONNX export
                 export_query_onnx(out / "query_encoder")
-            else:  # ... or before its INT8 graph, or before it was smoothed (calibrated on the exemplars)
-                method = int8_method(out / "query_encoder")
-                if method is None or (method != INT8_METHOD and (out / "exemplars.jsonl").is_file()):
-                    quantize_query_onnx(out / "query_encoder")
+            elif int8_method(out / "query_encoder") != INT8_METHOD:  # ... or before its INT8 graph's method
+                quantize_query_onnx(out / "query_encoder")
             return doc
     t0 = time.time()
     fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)
@@ -851,7 +854,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         qenc.save(str(tmp / "query_encoder"))
-        export_query_onnx(tmp / "query_encoder", qenc, [e.text for e in exemplars])
+        export_query_onnx(tmp / "query_encoder", qenc)
         if ce is not None:
             ce.save(str(tmp / "cross_encoder"))
         (tmp / "gate.json").write_text(json.dumps(doc, indent=2, sort_keys=True))

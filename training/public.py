@@ -51,6 +51,7 @@ SHIPPED_TOOLS = REPO / "data" / "mcp_tools"
 SEAL_TOOLS = "seal_tool.jsonl"
 SEAL_REQUESTS = ("seal_dev.jsonl", "seal_test_in_domain.jsonl")
 DROPPED = "dropped.json"
+SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment")
 
 OVERLAP_THRESHOLD = 0.8
 FILTER_VERSION = "public-overlap-v1"
@@ -157,6 +158,27 @@ def load_seal_pairs(root: str | Path = PUBLIC_DIR, known: Iterable[str] | None =
                     continue
                 seen.add(api)
                 out.append(Pair(rid, d["query"], api))
+    return out
+
+
+def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
+                       holdout_servers: Iterable[str] = ()) -> list[Pair]:
+    """(request, tool) pairs of the shipped registry's own request files (``data/queries/train.jsonl``,
+    ``data/routing_augment``: a directory means its ``*.jsonl``), for the encoder the router ships (DESIGN §7: public
+    tools plus ours). Lines of ``holdout_servers`` are left out (a fold that scores those servers as unseen), and so
+    are lines whose tool is not in ``tools``."""
+    known, held = set(tools), set(holdout_servers)
+    out: list[Pair] = []
+    for f in files:
+        f = Path(f)
+        for path in sorted(f.glob("*.jsonl")) if f.is_dir() else [f]:
+            for n, line in enumerate(path.read_text().splitlines()):
+                if not line.strip():
+                    continue
+                d = json.loads(line)
+                if d.get("server") in held or d["tool"] not in known:
+                    continue
+                out.append(Pair(f"shipped/{d.get('id', f'{path.stem}:{n}')}", d["query"], d["tool"]))
     return out
 
 
@@ -304,6 +326,11 @@ class PublicHyperParams:
     max_steps: int = -1  # > 0: stop after this many optimizer steps (tests)
 
 
+# The router's encoder as shipped (training/recipes.py "encoder"): 2 epochs (DESIGN §7: 3, 6 or 10 gave the same
+# within a point; 2 saves a third of the ~70 CPU minutes).
+ROUTER_ENCODER = PublicHyperParams(epochs=2)
+
+
 def data_hash(pairs: Sequence[Pair], docs: dict[str, str]) -> str:
     h = hashlib.sha256()
     for p in pairs:
@@ -416,6 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shipped", default=str(SHIPPED_TOOLS), help="the shipped registry the filter compares with")
     ap.add_argument("--dropped", default="", help="overlap report path (default PUBLIC/dropped.json)")
     ap.add_argument("--base", default="", help="base sentence-transformers directory ('' = the wheel's MiniLM)")
+    ap.add_argument("--with-shipped", nargs="*", default=None, metavar="FILE",
+                    help="also train on the shipped registry's requests (no FILE: data/queries/train.jsonl and "
+                         "data/routing_augment); DESIGN §7's shipped recipe")
+    ap.add_argument("--holdout-servers", default="",
+                    help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
     ap.add_argument("--no-resume", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -424,13 +456,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs, tools, report = training_pairs(a.public, a.shipped, a.dropped or None)
     print(f"[public] {len(pairs)} pairs over {len({p.tool for p in pairs})} tools after dropping "
           f"{report['n_dropped']} tools ({report['by']}) in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    if a.with_shipped is not None:
+        held = [x for x in a.holdout_servers.split(",") if x]
+        shipped = load_shipped_tools(a.shipped)
+        ours = load_shipped_pairs(a.with_shipped or SHIPPED_REQUESTS, [t.name for t in shipped], held)
+        tools = {**tools, **{t.name: t for t in shipped}}
+        pairs = [*pairs, *ours]
+        print(f"[public] + {len(ours)} shipped pairs over {len({p.tool for p in ours})} tools"
+              f"{f' (held out: {held})' if held else ''}", file=sys.stderr, flush=True)
     if a.limit_pairs and a.limit_pairs < len(pairs):
         pairs = sorted(random.Random(a.seed).sample(pairs, a.limit_pairs), key=lambda p: (p.request_id, p.tool))
         print(f"[public] limited to {len(pairs)} pairs", file=sys.stderr, flush=True)
     hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, seed=a.seed, max_steps=a.max_steps)
     meta = train(pairs, tools, a.out, hp, base=a.base, progress=not a.no_progress, resume=not a.no_resume,
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
-                             "limit_pairs": a.limit_pairs})
+                             "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
+                             "holdout_servers": a.holdout_servers})
     print(json.dumps(meta), flush=True)
     return 0
 

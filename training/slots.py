@@ -333,7 +333,7 @@ def train_slots(train_lines: Sequence[Any], val_lines: Sequence[Any], tools: Seq
 def export_onnx(reader_dir: str | Path, out: str | Path) -> Path:
     """Write ``out``: the INT8 graph of the trained reader at ``reader_dir`` (a transformers question-answering
     model), token ids -> (start, end) logits, exported at fp32 then dynamically quantized (per-channel signed int8
-    weights of every MatMul, onnxruntime's quantizer; the query encoder's method without its smoothing). The serving
+    weights of every MatMul, onnxruntime's quantizer). The serving
     form ``models/slots`` ships (``training.ship``); ``SlotModel`` runs it on onnxruntime."""
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -39,10 +39,9 @@ class RouterConfig(TransportSecurity):
     # the gate's cross-encoder runs only when a gate model fuses it (alpha > 0).
     # Torch threads for query embedding and the cross-encoder (1 is robust on shared cores).
     torch_threads: int = 1
-    # The query encoder's single-request graph: "int8" (the default: the dynamic quantization of a smoothed copy,
-    # written beside it by training; Route ~1.6x faster in process, held-out top-1 at N = 250 91.09 % against 90.96 %
-    # at fp32, 19 fixed / 15 broken; docs/experiments/routing_experiments.md §29) or "fp32" (the torch vectors). A late
-    # reader embeds with its own fp32 graph either way.
+    # The query encoder's single-request graph: "int8" (the default: block-wise int8 MatMuls and embedding rows,
+    # written beside it by training, services/router/onnx_encoder.quantize; its decisions follow the fp32 graph's on
+    # >= 99 % of the calibration lines, models/manifest.json "parity") or "fp32" (the torch vectors).
     query_encoder_precision: str = "int8"
     # Weight of exemplar keys (the gate model's fit + augment requests) in the SLB score: negative = the weight the
     # gate model chose on its validation + calibration lines (slb.exemplar_weight in gate.json, pooled at its

@@ -293,11 +293,10 @@ def _single_query_path(model) -> tuple[Any, Any, int] | None:
     return model.tokenizer, mods[0].auto_model, int(model.max_seq_length)
 
 
-def export_query_onnx(encoder_dir: str | Path, model=None, texts: Sequence[str] | None = None) -> Path | None:
+def export_query_onnx(encoder_dir: str | Path, model=None) -> Path | None:
     """Export a saved query encoder for ``embed_query`` on onnxruntime, and its INT8 quantization beside it
-    (training's hook, run on fresh and cached models; ``texts`` as for ``quantize_query_onnx``). None, logged, when
-    it cannot be: the router then embeds with torch, which is only slower; a failed quantization is logged and
-    leaves the fp32 export."""
+    (training's hook, run on fresh and cached models). None, logged, when it cannot be: the router then embeds with
+    torch, which is only slower; a failed quantization is logged and leaves the fp32 export."""
     if model is None:
         from sentence_transformers import SentenceTransformer
 
@@ -312,40 +311,19 @@ def export_query_onnx(encoder_dir: str | Path, model=None, texts: Sequence[str] 
     except (ImportError, RuntimeError, OSError) as e:  # onnx missing: torch.onnx raises a RuntimeError
         log.warning("query encoder %s not exported to ONNX (%s): the router embeds with torch", encoder_dir, e)
         return None
-    quantize_query_onnx(encoder_dir, model, texts)
+    quantize_query_onnx(encoder_dir)
     return out
 
 
-def quantize_query_onnx(encoder_dir: str | Path, model=None, texts: Sequence[str] | None = None) -> Path | None:
-    """The INT8 graph of an exported query encoder (``onnx_encoder.quantize``), smoothed on ``texts`` (by default
-    the gate model's exemplar requests, ``exemplar_texts``: what it trained on), or None, logged: a router asked
-    for int8 then embeds at fp32. Without texts the graph is quantized unsmoothed (logged)."""
-    encoder_dir = Path(encoder_dir)
-    if texts is None:
-        texts = exemplar_texts(encoder_dir.parent)
+def quantize_query_onnx(encoder_dir: str | Path) -> Path | None:
+    """The INT8 graph of an exported query encoder (``onnx_encoder.quantize``), or None, logged: a router asked
+    for int8 then embeds at fp32."""
     try:
-        if not texts:
-            log.warning("no calibration requests for %s (no exemplars.jsonl beside it): its INT8 graph is not "
-                        "smoothed, which moves the vectors about twice as far", encoder_dir)
-            return onnx_encoder.quantize(encoder_dir)
-        if model is None:
-            from sentence_transformers import SentenceTransformer
-
-            model = SentenceTransformer(str(encoder_dir), device="cpu")
-        tokenizer, transformer, max_len = _single_query_path(model) or (None, None, 0)
-        return onnx_encoder.quantize(encoder_dir, transformer, tokenizer, texts, max_len)
+        return onnx_encoder.quantize(encoder_dir)
     except Exception as e:  # onnxruntime's quantizer raises its own and onnx's exception types
         log.warning("query encoder %s not quantized to INT8 (%s): query_encoder_precision=int8 embeds at fp32",
                     encoder_dir, e)
         return None
-
-
-def exemplar_texts(gate_dir: str | Path) -> list[str]:
-    """The requests of the gate model's ``exemplars.jsonl`` (its fit and extra lines), [] without one."""
-    path = Path(gate_dir) / "exemplars.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(ln)["text"] for ln in path.read_text().splitlines() if ln.strip()]
 
 
 def fuse(slb_scores: np.ndarray, ce_logits: np.ndarray, alpha: float) -> np.ndarray:

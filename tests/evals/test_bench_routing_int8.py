@@ -1,6 +1,6 @@
 """bench/routing_int8.py on a gate model in its training form (conftest's small_gate: the mechanics; its held-out figures need the fold models and
-are the bench's): the three arms route every line at every size with the graph they name (the product's smoothed
-INT8 graph, and a plain one made in a temporary copy that leaves the model alone), the report pools them with the
+are the bench's): the three arms route every line at every size with the graph they name (the product's block-wise
+INT8 graph, and onnxruntime's dynamic one made in a temporary copy that leaves the model alone), the report pools them with the
 paired counts and latency percentiles, and the plot is written; bad flags are clear errors."""
 
 import json
@@ -27,15 +27,15 @@ def test_every_arm_routes_every_line_with_its_graph(tmp_path, small_gate):
     assert out.returncode == 0, out.stderr[-3000:]
     rep = json.loads((tmp_path / "q.json").read_text())
     assert rep["held_out"] is False and rep["models"] == {"1": str(GATE)}
-    assert set(rep["pooled"]) == {"fp32", "int8", "int8-plain"} and set(rep["pooled"]["int8"]) == {"10", "all"}
-    for arm in ("fp32", "int8", "int8-plain"):
+    assert set(rep["pooled"]) == {"fp32", "int8", "int8-dynamic"} and set(rep["pooled"]["int8"]) == {"10", "all"}
+    for arm in ("fp32", "int8", "int8-dynamic"):
         assert rep["latency"][arm]["n"] == 5 * 2 * 2  # lines x sizes x draws
         assert 0 < rep["latency"][arm]["p50"] <= rep["latency"][arm]["p99"]
         q = rep["route_ms_quantiles"][arm]
         assert len(q) == 201 and q == sorted(q) and q[100] == pytest.approx(rep["latency"][arm]["p50"], abs=1e-3)
         assert all(rep["pooled"][arm][s]["n"] == 5 for s in ("10", "all"))
         assert rep["per_fold"]["1"]["n"] == 5 and set(rep["per_fold"]["1"]["top1"][arm]) == {"10", "all"}
-    assert set(rep["paired_vs_fp32"]) == {"int8", "int8-plain", "int8_vs_int8-plain"}
+    assert set(rep["paired_vs_fp32"]) == {"int8", "int8-dynamic", "int8_vs_int8-dynamic"}
     for by_size in rep["paired_vs_fp32"].values():
         for c in by_size.values():
             assert c["fixed"] + c["broken"] <= 10 and 0 < c["sign_test_p"] <= 1

@@ -83,6 +83,43 @@ def test_the_shipped_overlap_report_matches_the_data():
     assert all(r["nearest_shipped"] in shipped_names for r in rep["dropped"])
 
 
+def test_the_shipped_pairs_hold_out_whole_servers():
+    """--with-shipped adds the shipped registry's own requests (the router's recipe); --holdout-servers leaves out
+    every line of those servers, so a fold's encoder never reads a request of the servers it is scored on."""
+    tools = [t.name for t in public.load_shipped_tools()]
+    every = public.load_shipped_pairs(public.SHIPPED_REQUESTS, tools)
+    lines = [json.loads(x) for f in [REPO / "data/queries/train.jsonl",
+                                     *sorted((REPO / "data/routing_augment").glob("*.jsonl"))]
+             for x in f.read_text().splitlines() if x.strip()]
+    assert len(every) == len(lines) and {p.tool for p in every} == set(tools)
+    assert all(p.request_id.startswith("shipped/") for p in every)
+    server_of = {d["tool"]: d["server"] for d in lines}
+    held = public.load_shipped_pairs(public.SHIPPED_REQUESTS, tools, holdout_servers=["time", "redis"])
+    assert held and not [p for p in held if server_of[p.tool] in ("time", "redis")]
+    assert len(held) == sum(d["server"] not in ("time", "redis") for d in lines)
+    assert not public.load_shipped_pairs(public.SHIPPED_REQUESTS, [])  # unknown tools are skipped
+
+
+def test_a_gate_on_an_encoder_is_unseen_only_where_the_encoder_never_read_a_line(tmp_path):
+    from evals.public import gate_protocol
+
+    enc, gate = tmp_path / "enc", tmp_path / "gate"
+    enc.mkdir()
+    gate.mkdir()
+
+    def make(q_epochs, **meta):
+        (gate / "gate.json").write_text(json.dumps({"hyperparams": {"encoder": str(enc), "q_epochs": q_epochs}}))
+        (enc / "public_meta.json").write_text(json.dumps(meta))
+
+    make(0, with_shipped=False)
+    assert gate_protocol(gate) == "unseen"
+    make(1, with_shipped=False)  # fine-tuned on the registry's lines by the gate itself
+    assert gate_protocol(gate) == "seen"
+    make(0, with_shipped=True, holdout_servers="time,redis")
+    assert gate_protocol(gate) == "seen" and gate_protocol(gate, ["time", "git"]) == "seen"
+    assert gate_protocol(gate, ["time"]) == "unseen" and gate_protocol(gate, ["time", "redis"]) == "unseen"
+
+
 @pytest.fixture(scope="module")
 def tiny_encoder(tmp_path_factory):
     """One optimizer step on 20 Seal pairs (one epoch of one batch), from base MiniLM."""
@@ -152,10 +189,15 @@ def test_the_public_protocol_adds_the_production_routers_arm(tiny_encoder, small
     from evals import public as protocol
 
     rep = protocol.evaluate(str(tiny_encoder[0]), str(tmp_path / "p.json"), servers=("time", "redis"), sizes="3,all",
-                          draws=2, gate=str(small_gate), plot_png=False)
-    arm = "router (encoder trained on these tools)"
-    assert rep["router"]["protocol"] == "seen" and rep["router"]["exemplar_weight"] == 0.0
+                          draws=2, gate=str(small_gate), plot_png=False,
+                          new_queries=str(REPO / "data" / "routing_calibration"))
+    (router,) = rep["routers"]
+    arm = f"{router['arm']} (seen, tools as new)"
+    assert router["protocol"] == "seen" and protocol.gate_protocol(small_gate) == "seen"
     assert rep["arms"][arm]["protocol"] == "seen"
+    # the router as it serves (its own exemplar keys) on the new requests: a seen figure whatever the encoder
+    served = rep["arms"][f"{router['arm']} (seen, as it serves), new requests"]
+    assert served["protocol"] == "seen" and served["by_size"]["all"]["n_lines"] == rep["protocol"]["new_lines"] > 0
     x = rep["arms"][arm]["by_size"]
     assert x["3"]["n_line_draws"] == 2 * rep["protocol"]["lines"] and x["all"]["n_line_draws"] == rep["protocol"]["lines"]
     assert 0 < x["3"]["top1"] <= x["3"]["top3"] <= 1
