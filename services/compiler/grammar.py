@@ -276,7 +276,9 @@ def _typed(node: Any) -> Any:
     return out
 
 
-def _schema_for_grammar(tool: Tool) -> dict:
+def schema_for_grammar(tool: Tool) -> dict:
+    """The JSON Schema the converter reads: canonical, properties in the signature's order, dependentRequired
+    split, shapeless values typed, arrays bounded, the root's documentation keywords dropped."""
     # canonical key order (as the registry stores tools), so the grammar is a function of the schema hash
     schema = json.loads(json.dumps(tool.input_schema, sort_keys=True))
     schema.setdefault("type", "object")
@@ -309,7 +311,7 @@ def compile_grammar(tool: Tool) -> CompiledGrammar:
 
     try:
         rules: list[str] = []
-        schema = _mark_numbers(_schema_for_grammar(tool), rules)
+        schema = _mark_numbers(schema_for_grammar(tool), rules)
         text = bound_repetition(bound_strings(json_schema_to_gbnf(json.dumps(schema)))).rstrip("\n") + "\n"
         for i, body in enumerate(rules):
             token = _NUM_TOKEN.format(i)

@@ -65,12 +65,17 @@ class GrammarSampler:
         if self.allows(cand, float(logits[cand])):
             return cand
         self.full_scans += 1
+        masked = self.masked(logits)
+        best = int(np.argmax(masked))
+        return best if np.isfinite(masked[best]) else -1
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with -inf wherever the grammar forbids the token now: the whole-vocabulary scan (a view,
+        overwritten by the next call)."""
         self._all["logit"] = logits
         self._arr_all.size, self._arr_all.selected, self._arr_all.sorted = len(self._all), -1, False
         self._ll.llama_sampler_apply(self._smpl, ctypes.byref(self._arr_all))
-        masked = self._all["logit"]
-        best = int(np.argmax(masked))
-        return best if np.isfinite(masked[best]) else -1
+        return self._all["logit"]
 
     def accept(self, token: int) -> None:
         self._ll.llama_sampler_accept(self._smpl, token)
