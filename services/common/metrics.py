@@ -46,6 +46,9 @@ class Metrics:
                                          "Schemas compiled with the looser fallback grammar", registry=r)
         self.kv_blocks_pending = Gauge("nexus_kv_blocks_pending", "KV blocks queued for background compilation "
                                        "(tools registered with defer_kv_blocks)", registry=r)
+        self.kv_model_mismatch = Gauge("nexus_kv_model_mismatch", "1 while the compiler announces KV blocks for "
+                                       "another model (or prompt head) than this engine's: none can splice",
+                                       registry=r)
         self.derive_pending = Gauge("nexus_derive_pending", "Tools waiting for their derived requests", registry=r)
         self.derived = Counter("nexus_derived_total", "Tools whose derived requests were written, by source "
                                "(generated now, or the shipped data of the default registry)", ["source"], registry=r)

@@ -5,18 +5,23 @@ Both sides build the prompt with the same ``PromptLayout``: the compiler decodes
 the engine's system prompt, worked example and the user turn up to "Function:"; view = the signature) and
 keeps only the view's cells, anchored at m0 = len(head). The store key covers everything the K/V depend on:
 the model file, the head's tokens and the IR version, so a changed prompt or model never reuses a stale block.
+
+Since the key covers the model, an engine on another GGUF than the compiler's would only ever miss (text prefill for
+every tool, silently). So the compiler announces its ``BlockModel`` in the store at start-up (``KV_MODEL_KEY``) and the
+engine compares it with its own (``model_mismatch``) at start-up and on a block miss, and logs both fingerprints.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from services.common.errors import ResourceExhausted
-from services.common.store import artifact_key
+from services.common.errors import ArtifactNotFound, DataCorruption, ResourceExhausted
+from services.common.store import Store, artifact_key
 from services.common.tools import Tool
 from services.compiler.signature import IR_VERSION
 from services.runtime.prompt import ChatTemplate, Turn, split_prompt
@@ -25,6 +30,8 @@ KIND_KV_BLOCK = "atb"
 PRELUDE_SEQ = 2  # the compile context keeps the prelude decoded here
 # .atb planes are 2 MiB-aligned on disk (sparse files); objects in the store use this compact alignment.
 STORE_ALIGN_LOG2 = 6
+# The store object naming the model the compiler's blocks are for (its last start-up's; one compiler model per store)
+KV_MODEL_KEY = "atb-model"
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,44 @@ def kv_block_key(tool: Tool, model_fingerprint: str, prelude: Sequence[int]) -> 
     return artifact_key(KIND_KV_BLOCK, kv_fingerprint(model_fingerprint, prelude), tool.schema_hash)
 
 
+@dataclass(frozen=True)
+class BlockModel:
+    """What a service's KV blocks are for: the compiler's are compiled for it, the engine's must match it."""
+
+    model: str  # SHA-256 of the GGUF's bytes (services.common.models.file_fingerprint)
+    kv: str  # kv_fingerprint: the model, the prompt head's tokens and the IR version (the blocks' store keys)
+    path: str  # the GGUF on that service's host (for the message: the fingerprints say whether, the paths which)
+
+
+def announce_model(store: Store, model: BlockModel) -> None:
+    """Record in the store the model this compiler compiles KV blocks for (at its start-up)."""
+    store.put(KV_MODEL_KEY, json.dumps(asdict(model)).encode(), {"model": model.model, "kv": model.kv})
+
+
+def announced_model(store: Store) -> BlockModel | None:
+    """The model the compiler announced in ``store``; None while no compiler with KV blocks has started on it."""
+    try:
+        doc = json.loads(store.get(KV_MODEL_KEY))
+    except ArtifactNotFound:
+        return None
+    except ValueError as e:
+        raise DataCorruption(f"{KV_MODEL_KEY} in the store is not JSON: {e}") from e
+    return BlockModel(str(doc.get("model", "")), str(doc.get("kv", "")), str(doc.get("path", "")))
+
+
+def model_mismatch(engine: BlockModel, compiler: BlockModel) -> str | None:
+    """Why none of the compiler's KV blocks can splice into this engine, naming both sides; None when they can."""
+    if engine.model != compiler.model:
+        return (f"the compiler compiles KV blocks for model {compiler.model} ({compiler.path}) but the engine runs "
+                f"model {engine.model} ({engine.path}): none of its blocks can splice (tools take the text prefill); "
+                "start both on the same GGUF (model_path)")
+    if engine.kv != compiler.kv:
+        return (f"the compiler and the engine run the same model {engine.model} ({engine.path}) with another "
+                f"prompt head or IR version (KV fingerprints: compiler {compiler.kv}, engine {engine.kv}): no block "
+                "will splice; run the same Nexus version on both")
+    return None
+
+
 class BlockCompiler:
     """Compiles signatures into .atb blocks on its own llama.cpp context (``SpliceContext``).
 
@@ -91,6 +136,10 @@ class BlockCompiler:
 
     def key(self, tool: Tool) -> str:
         return artifact_key(KIND_KV_BLOCK, self.fingerprint, tool.schema_hash)
+
+    @property
+    def model(self) -> BlockModel:
+        return BlockModel(self.model_fingerprint, self.fingerprint, self.model_path)
 
     def compile(self, signature: str) -> tuple[bytes, dict[str, Any]]:
         view = self.layout.segments(signature, "", []).view

@@ -77,8 +77,13 @@ async def run(config: CompilerConfig, *, ready=None, stop_event: asyncio.Event |
     async def warmup() -> None:
         await asyncio.to_thread(store.ping)
         await asyncio.to_thread(embedder.embed_one, "warm up")
-        if blocks is not None and config.kv_backfill:  # off the start-up path: serving does not wait for it
-            threading.Thread(target=backfill, name="kv-backfill", daemon=True).start()
+        if blocks is not None:
+            from services.compiler.kvblock import announce_model
+
+            # the model the blocks are for, in the store: an engine on another GGUF logs both fingerprints at start
+            await asyncio.to_thread(announce_model, store, blocks.model)
+            if config.kv_backfill:  # off the start-up path: serving does not wait for it
+                threading.Thread(target=backfill, name="kv-backfill", daemon=True).start()
 
     async def on_stop() -> None:
         if worker is not None:

@@ -28,6 +28,7 @@ from services.common.errors import (
     FailedPrecondition,
     InvalidArgument,
     ModelMismatch,
+    NexusError,
     ResourceExhausted,
     ToolNotFound,
 )
@@ -181,7 +182,7 @@ class Engine:
     def __init__(self, config: EngineConfig, store: Store):
         from llama_cpp import Llama
 
-        from services.compiler.kvblock import kv_fingerprint, layout_for
+        from services.compiler.kvblock import BlockModel, kv_fingerprint, layout_for
         from services.runtime.splice import SpliceContext
 
         self.config = config
@@ -205,6 +206,9 @@ class Engine:
             n += 1
         self.const_prefix = self.prelude[:n]
         self.kv_fingerprint = kv_fingerprint(self.model_fingerprint, self.prelude)
+        self.block_model = BlockModel(self.model_fingerprint, self.kv_fingerprint, str(self.model_path))
+        self.model_mismatch: str | None = None  # why the compiler's KV blocks cannot splice here (check_compiler_model)
+        self._announced: BlockModel | None = None
         self.lock = threading.RLock()
         self._artifacts: OrderedDict[str, ToolArtifacts] = OrderedDict()
         self._blocks: OrderedDict[str, Any] = OrderedDict()
@@ -293,6 +297,31 @@ class Engine:
         if tok < 0:
             return ""
         return self.llm.detokenize([tok], special=True).decode("utf-8", errors="ignore")
+
+    def check_compiler_model(self) -> str | None:
+        """Compare this engine's model with the one the compiler announced in the store (at start-up and on a block
+        miss): the reason none of the compiler's KV blocks can splice here, also kept in ``model_mismatch``; None
+        when they can, or while no compiler has announced its model. A changed announcement is logged, a mismatch
+        as an error naming both fingerprints and both GGUFs."""
+        from services.compiler.kvblock import announced_model, model_mismatch
+
+        with self.lock:
+            try:
+                theirs = announced_model(self.store)
+            except NexusError as e:  # store down or record damaged: serving goes on, the next miss checks again
+                log.warning("could not read the compiler's model from the store", extra={"error": str(e)})
+                return self.model_mismatch
+            if theirs is None or theirs == self._announced:
+                return self.model_mismatch
+            self._announced = theirs
+            self.model_mismatch = model_mismatch(self.block_model, theirs)
+            if self.model_mismatch:
+                log.error("model mismatch: %s", self.model_mismatch,
+                          extra={"engine_model": self.model_fingerprint, "engine_path": str(self.model_path),
+                                 "compiler_model": theirs.model, "compiler_path": theirs.path})
+            else:
+                log.info("KV blocks: the compiler's model is the engine's", extra={"model": self.model_fingerprint})
+            return self.model_mismatch
 
     # -- artifacts --------------------------------------------------------------------------
     def artifacts(self, name: str) -> ToolArtifacts:
@@ -423,7 +452,9 @@ class Engine:
         try:
             block = self.kv_block(arts.tool, seg.view)
         except ArtifactNotFound:
-            return decline("no compiled KV block for this model and prompt head in the store")
+            why = self.check_compiler_model()
+            return decline("no compiled KV block for this model and prompt head in the store"
+                           + (f" ({why})" if why else ""))
         except (ModelMismatch, DataCorruption) as e:
             log.warning("KV block refused", extra={"tool": arts.tool.name, "reason": str(e)})
             if strict:

@@ -21,6 +21,9 @@ async def run(config: EngineConfig, *, ready=None, stop_event: asyncio.Event | N
 
     async def warmup() -> None:
         await asyncio.to_thread(engine.warmup)
+        # a compiler on another GGUF: an error in the log with both fingerprints, and the gauge, from the start
+        await asyncio.to_thread(engine.check_compiler_model)
+        metrics.kv_model_mismatch.set(1.0 if engine.model_mismatch else 0.0)
 
     async def on_stop() -> None:
         engine.close()

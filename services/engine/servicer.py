@@ -88,6 +88,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     yield engine_pb2.GenerateResponse(token=ev.text)
                 elif isinstance(ev, Result):
                     self.metrics.generate_path.labels(ev.path).inc()
+                    self.metrics.kv_model_mismatch.set(1.0 if self.engine.model_mismatch else 0.0)
                     self.metrics.ttft_ms.observe(ev.first_token_ms)
                     self.metrics.first_arg_ms.observe(ev.first_arg_token_ms)
                     if ev.recompute_fraction is not None:

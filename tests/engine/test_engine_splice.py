@@ -12,7 +12,14 @@ from services.common.embedder import Embedder
 from services.common.errors import DataCorruption, FailedPrecondition, ModelMismatch
 from services.common.store import LocalStore
 from services.compiler.compiler import KIND_KV_BLOCK, Compiler
-from services.compiler.kvblock import PRELUDE_SEQ, BlockCompiler, kv_block_key
+from services.compiler.kvblock import (
+    KV_MODEL_KEY,
+    PRELUDE_SEQ,
+    BlockCompiler,
+    BlockModel,
+    announce_model,
+    kv_block_key,
+)
 from services.compiler.tokenizer import load_tokenizer
 from services.engine.config import EngineConfig
 from services.engine.engine import PATH_SPLICE, PATH_TEXT, Engine, Result
@@ -150,6 +157,34 @@ def test_missing_block_falls_back_with_the_reason(engine, compiled):
             run(engine, "git log /srv/infra", "git_log", prefill="splice")
     finally:
         store.put(key, data, info.meta)
+
+
+def test_a_compiler_on_another_model_is_named_in_the_miss(engine, compiled, blocks):
+    # the compiler announces the model its blocks are for (in the server's warm-up; here by hand): the same model is
+    # quiet, another one is why a block misses, with both fingerprints, in path_reason and the strict refusal
+    store, _, _ = compiled
+    other = BlockModel("f" * 64, "e" * 64, "/compiler/host/Other.gguf")
+    tool = store.registry_get("git_log")
+    key = kv_block_key(tool, engine.model_fingerprint, engine.prelude)
+    data, info = store.get_with_info(key)
+    try:
+        announce_model(store, blocks.model)
+        assert engine.check_compiler_model() is None and engine.model_mismatch is None
+        announce_model(store, other)
+        store.delete(key)
+        engine._blocks.clear()
+        res = run(engine, "git log /srv/infra", "git_log")
+        assert engine.model_mismatch is not None
+        for part in (other.model, other.path, engine.model_fingerprint, str(engine.model_path)):
+            assert part in res.path_reason
+        with pytest.raises(FailedPrecondition, match=other.model):
+            run(engine, "git log /srv/infra", "git_log", prefill="splice")
+    finally:
+        store.put(key, data, info.meta)
+        announce_model(store, blocks.model)
+        engine.check_compiler_model()
+        store.delete(KV_MODEL_KEY)
+    assert engine.model_mismatch is None
 
 
 def _foreign_block(blocks, tool_sig: str, **spec_changes) -> bytes:
