@@ -1,7 +1,7 @@
 """Grammar engines for tool arguments, side by side: today's path (the compiler's GBNF, llama.cpp's grammar sampler as
 the engine drives it) against llguidance and xgrammar, each fed that same GBNF and the JSON Schema it is compiled
-from (its free strings bounded as the GBNF bounds them), on the vocabularies of SmolLM2-135M (the engine's default)
-and Qwen2.5-Coder-0.5B, read from their GGUFs.
+from (its free strings bounded and its objects closed as the GBNF bounds and closes them: ``schema_for_matcher``),
+on the vocabularies of SmolLM2-135M (the engine's default) and Qwen2.5-Coder-0.5B, read from their GGUFs.
 
 For every tool of the registry and every arm: the time from grammar text to a matcher ready to mask (per turn for
 llama.cpp, whose engine builds its sampler each turn), whether it compiles at all (and the schema keywords of those
@@ -56,7 +56,7 @@ class CompileFailed(Exception):
 
 class Case(NamedTuple):
     """One tool as every arm sees it: its GBNF (services/compiler/grammar.py, the object grammar when the converter
-    fell back), the JSON Schema that GBNF is compiled from (free strings bounded as the GBNF bounds them), and the
+    fell back), the JSON Schema that GBNF is compiled from (``schema_for_matcher``), and the
     argument JSON walked (None: none valid)."""
 
     tool: str
@@ -169,7 +169,8 @@ class _BitmaskMatcher:
 
 class LLGuidanceArm:
     """llguidance: one LLTokenizer per vocabulary (from the llama.cpp vocab); a matcher per turn from the GBNF
-    (its own GBNF-to-Lark) or the JSON Schema. It never raises on a bad grammar: the matcher is then in error."""
+    (its own GBNF-to-Lark) or the JSON Schema (as the engine's ``grammar_engine = "llguidance"`` compiles it). It never
+    raises on a bad grammar: the matcher is then in error."""
 
     def __init__(self, vocab: Vocab, form: str):
         import llguidance
@@ -183,9 +184,10 @@ class LLGuidanceArm:
     def build(self, case: Case, warn: list[str]) -> _BitmaskMatcher:
         from llguidance.numpy import fill_next_token_bitmask
 
+        from services.engine.sampling import schema_grammar
+
         try:
-            grammar = (self.ll.grammar_from("gbnf", case.gbnf) if self.form == "gbnf"
-                       else self.ll.LLMatcher.grammar_from_json_schema(case.schema))
+            grammar = self.ll.grammar_from("gbnf", case.gbnf) if self.form == "gbnf" else schema_grammar(case.schema)
         except ValueError as e:
             raise CompileFailed(str(e)) from None
         m = self.ll.LLMatcher(self.tokenizer, grammar, log_level=0)
@@ -279,19 +281,6 @@ def minimal(schema: Any, root: dict) -> Any:
     return {"string": "x" * max(1, schema.get("minLength", 1)), "boolean": True}.get(t)
 
 
-def with_max_length(node: Any, chars: int) -> Any:
-    """``node`` with the GBNF's bound on free strings written as ``maxLength``, so that the schema arms enforce what
-    today's grammar does (a string with an enum, const, pattern, format or maxLength of its own keeps it)."""
-    if isinstance(node, list):
-        return [with_max_length(v, chars) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: with_max_length(v, chars) for k, v in node.items()}
-    if out.get("type") == "string" and not {"enum", "const", "pattern", "format", "maxLength"} & set(out):
-        out["maxLength"] = chars
-    return out
-
-
 def keywords_of(schema: Any, out: set[str] | None = None) -> set[str]:
     """The KEYWORDS used anywhere in ``schema`` (property names skipped)."""
     out = set() if out is None else out
@@ -314,7 +303,7 @@ def load_cases(tools_dir: str, queries: str, limit: int) -> list[Case]:
     import jsonschema
 
     from services.common.tools import load_registry_dir
-    from services.compiler.grammar import MAX_STRING_CHARS, compile_grammar, schema_for_grammar
+    from services.compiler.grammar import compile_grammar, schema_for_matcher
 
     tools = load_registry_dir(tools_dir)
     tools = tools[:limit] if limit else tools
@@ -330,7 +319,7 @@ def load_cases(tools_dir: str, queries: str, limit: int) -> list[Case]:
         if value is None and valid(made := minimal(tool.input_schema, tool.input_schema)):
             value, source = made, "generated"
         g = compile_grammar(tool)
-        schema = with_max_length(schema_for_grammar(tool), MAX_STRING_CHARS)
+        schema = schema_for_matcher(tool)
         text = None if value is None else json.dumps(ordered(value, schema), ensure_ascii=False)
         cases.append(Case(tool.name, g.text, g.reason if g.fallback else "", schema, text, source,
                           sorted(keywords_of(tool.input_schema))))

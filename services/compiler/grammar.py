@@ -63,6 +63,39 @@ def bound_strings(text: str, max_chars: int = MAX_STRING_CHARS) -> str:
     return text.replace(_FREE_STRING, f'string ::= "\\"" char{{0,{max_chars}}} "\\"" space')
 
 
+def bound_schema_strings(node: Any, max_chars: int = MAX_STRING_CHARS) -> Any:
+    """A copy of a JSON Schema (fragment) with free strings bounded as ``bound_strings`` bounds the GBNF's, written
+    as ``maxLength`` (for engines that read the schema itself); a string with an enum, const, pattern, format or
+    maxLength of its own keeps it."""
+    if isinstance(node, list):
+        return [bound_schema_strings(v, max_chars) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: bound_schema_strings(v, max_chars) for k, v in node.items()}
+    if out.get("type") == "string" and not {"enum", "const", "pattern", "format", "maxLength"} & set(out):
+        out["maxLength"] = max_chars
+    return out
+
+
+def close_objects(node: Any, in_all_of: bool = False) -> Any:
+    """A copy of a JSON Schema (fragment) in which an object with ``properties`` and no ``additionalProperties`` admits
+    no other key, as llama.cpp's converter reads it (JSON Schema admits any: a small model adds keys of its own). The
+    members of an ``allOf`` stay open: closed, their intersection would admit only the keys all of them list."""
+    if isinstance(node, list):
+        return [close_objects(v, in_all_of) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "properties" and isinstance(v, dict):  # a map of names to subschemas, not a schema
+            out[k] = {name: close_objects(sub) for name, sub in v.items()}
+        else:
+            out[k] = close_objects(v, in_all_of=k == "allOf")
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out and not in_all_of:
+        out["additionalProperties"] = False
+    return out
+
+
 @dataclass(frozen=True)
 class CompiledGrammar:
     text: str
@@ -288,6 +321,13 @@ def schema_for_grammar(tool: Tool) -> dict:
     for k in ("$schema", "title", "description", "examples"):
         schema.pop(k, None)
     return bound_arrays(schema)
+
+
+def schema_for_matcher(tool: Tool) -> dict:
+    """The JSON Schema a schema-driven grammar engine (llguidance) reads: the converter's (``schema_for_grammar``),
+    free strings bounded and objects closed as the GBNF bounds and closes them. Numeric bounds and patterns such an
+    engine enforces from the schema itself."""
+    return close_objects(bound_schema_strings(schema_for_grammar(tool)))
 
 
 def _order_properties(node: Any) -> None:

@@ -37,13 +37,20 @@ from services.common.store import Store
 from services.common.tools import Tool
 from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import grammar_key, signature_key
-from services.compiler.grammar import compile_grammar
+from services.compiler.grammar import compile_grammar, schema_for_matcher
 from services.compiler.kvblock import PromptSegments
 from services.compiler.signature import param_order, signature
 from services.engine.choices import enum_choices
 from services.engine.config import EngineConfig
 from services.engine.copybias import CopyBias
-from services.engine.sampling import GrammarSampler
+from services.engine.sampling import (
+    ConstrainedSampler,
+    GrammarError,
+    GrammarSampler,
+    LLGuidance,
+    LLGuidanceSampler,
+    schema_grammar,
+)
 from services.runtime.prompt import Turn, copy_source, prune_history
 from services.runtime.splice import LIVE_SEQ, kl_divergence, recompute_fraction
 
@@ -180,6 +187,7 @@ class Engine:
     arguments out."""
 
     def __init__(self, config: EngineConfig, store: Store):
+        import llama_cpp
         from llama_cpp import Llama
 
         from services.compiler.kvblock import BlockModel, kv_fingerprint, layout_for
@@ -223,7 +231,13 @@ class Engine:
         self._free_head_seqs = list(range(FIRST_HEAD_SEQ, FIRST_HEAD_SEQ + max(0, config.warm_heads)))
         self.last_prompt_logits: np.ndarray | None = None  # next-token logits after the last prompt (tests)
         self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0,
-                      "splice_declined": 0, "validations": 0, "validation_fallbacks": 0, "warm_head_hits": 0}
+                      "llguidance_fallbacks": 0, "splice_declined": 0, "validations": 0, "validation_fallbacks": 0,
+                      "warm_head_hits": 0}
+        # grammar_engine = "llguidance": its tokenizer for this vocabulary, and the schemas (by hash) it cannot
+        # compile, which sample under the compiler's GBNF instead
+        self._llguidance = (LLGuidance(llama_cpp, self.sc.vocab, self.sc.n_vocab)
+                            if config.grammar_engine == "llguidance" else None)
+        self._gbnf_only: set[str] = set()
         # the slot reader (services/engine/slots.py) loads here, not on the first turn (torch import ~2 s)
         self._slots = None
         if config.copy_bias and config.slot_hint_bias and config.slot_model:
@@ -615,7 +629,7 @@ class Engine:
         if len(tokens) + limit > self.n_ctx:
             raise ResourceExhausted(
                 f"prompt of {len(tokens)} tokens + {limit} to generate exceeds the context of {self.n_ctx}")
-        sampler = GrammarSampler(llama_cpp, self.sc.vocab, arts.grammar, self.sc.n_vocab)
+        sampler = self._sampler(arts)
         path, reason = plan.path, plan.reason
         v_kl = v_top1 = None
         try:
@@ -701,6 +715,23 @@ class Engine:
             spliced_tokens=spliced if path == PATH_SPLICE else 0,
             validation_kl=v_kl, validation_top1=v_top1,
         )
+
+    def _sampler(self, arts: ToolArtifacts) -> ConstrainedSampler:
+        """The turn's grammar sampler, as ``grammar_engine`` says: llguidance on the tool's JSON Schema, or the
+        compiler's GBNF (also for a schema llguidance cannot compile: logged once per tool)."""
+        import llama_cpp
+
+        tool = arts.tool
+        if self._llguidance is not None and tool.schema_hash not in self._gbnf_only:
+            try:
+                return LLGuidanceSampler(self._llguidance, schema_grammar(schema_for_matcher(tool)))
+            except (GrammarError, ValueError) as e:  # ValueError: schema_for_matcher's dependentRequired bound
+                self._gbnf_only.add(tool.schema_hash)
+                log.warning("llguidance cannot compile the tool's schema: sampling under its GBNF",
+                            extra={"tool": tool.name, "error": str(e)[:300]})
+        if tool.schema_hash in self._gbnf_only:
+            self.stats["llguidance_fallbacks"] += 1
+        return GrammarSampler(llama_cpp, self.sc.vocab, arts.grammar, self.sc.n_vocab)
 
     def generate_tokens(self, tokens: list[int], arts: ToolArtifacts, limit: int, *, reuse_prefix: bool = True,
                         t0: float | None = None, path_reason: str = "text prefill",
