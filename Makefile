@@ -80,19 +80,24 @@ $(PROTO_STAMP): $(PROTOS) $(VENV)/.stamp-deps
 models:  ## check the shipped models against models/manifest.json and link var/models to them
 	@python3 scripts/models.py verify --link var/models
 
-# `make train` rebuilds them (~65 min on 2 cores, into a cache outside the clone, then their serving form into models/):
-# the gate model (query encoder + calibrated tau, SLB weights; nexus train-gate) and the engine's slot reader (which
-# span states which parameter; threshold on the tune split, never on the held-out lines). Each step keeps a cached
-# model whose data and settings match. Commit models/ after it: tests/training/test_ship.py fails while a shipped
-# model's recipe key (data + hyper-parameters + RECIPE version, training/recipes.py) is not the tree's.
+# `make train` rebuilds them (~75 min on 2 cores, into a cache outside the clone, then their serving form into models/):
+# the router's encoder (training/public.py: MiniLM fine-tuned on the public tools' requests plus the shipped registry's
+# own, DESIGN §7; ~55 min, checkpointed per epoch), the gate model on it (nexus train-gate --encoder: the encoder kept,
+# no cross-encoder; the SLB's calibration: exemplar keys, tau, lexical weight, tool bias; ~5 min) and the engine's slot
+# reader (which span states which parameter; threshold on the tune split, never on the held-out lines). Each step
+# keeps a cached model whose data and settings match. Commit models/ after it: tests/training/test_ship.py fails while
+# a shipped model's recipe key (data + hyper-parameters + RECIPE version, training/recipes.py) is not the tree's, and
+# training.ship refuses a model whose recorded settings are not its recipe's.
 # ONLY=gate (or slots) ships that model alone (the other's entry is kept while current).
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
 ONLY ?=
-train: deps proto  ## retrain the shipped models (gate, slot reader) and write their serving form into models/
+train: deps proto  ## retrain the shipped models (router encoder + gate, slot reader) and write their serving form into models/
 	mkdir -p $(MODEL_CACHE)
+	$(if $(filter slots,$(ONLY)),,$(PY) -m training.public --with-shipped --epochs 2 --out $(MODEL_CACHE)/router_encoder \
+		$(if $(CI),--no-progress,))
 	$(if $(filter slots,$(ONLY)),,$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) \
-		--augment data/routing_augment --calibration data/routing_calibration --out $(MODEL_CACHE)/gate \
-		$(if $(CI),--quiet,))
+		--augment data/routing_augment --calibration data/routing_calibration --encoder $(MODEL_CACHE)/router_encoder \
+		--q-epochs 0 --ce-epochs 0 --out $(MODEL_CACHE)/gate $(if $(CI),--quiet,))
 	$(if $(filter gate,$(ONLY)),,$(VENV)/bin/nexus train-slots --queries $(QUERIES) --tools $(TOOLS) \
 		--augment data/routing_augment --out $(MODEL_CACHE)/slots $(if $(CI),--quiet,))
 	$(PY) -m training.ship --cache $(MODEL_CACHE) --out models $(if $(ONLY),--only $(ONLY),)
@@ -170,13 +175,16 @@ reliability: setup  ## bad inputs + faults + fuzz + load figures -> reports/reli
 
 # The public protocol (issue 50): the whole shipped registry as unseen tools for the encoder trained on public tools
 # only (make train-encoder), beside plain MiniLM and BM25, and the production router built on it with every tool as a
-# newly registered one. One model, no folds: ~5 minutes.
+# newly registered one; the shipped router (var/models/gate, trained on these tools) as it serves on the new requests
+# (data/routing_calibration): the seen figure. One encoder, no folds: ~10 minutes.
 eval-public: setup  ## the headline routing figure: shipped tools as unseen -> reports/routing_public.{json,png}
 	@test -f $(MODEL_CACHE)/gate-public/gate.json || { echo "eval-public: no $(MODEL_CACHE)/gate-public (make train-encoder)"; exit 2; }
-	$(VENV)/bin/nexus eval routing --protocol public --encoder $(MODEL_CACHE)/encoder --gate $(MODEL_CACHE)/gate-public \
-		--queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing_public.json
+	$(VENV)/bin/nexus eval routing --protocol public --encoder $(MODEL_CACHE)/encoder \
+		--gate $(MODEL_CACHE)/gate-public,var/models/gate --queries $(QUERIES) --tools $(TOOLS) --draws 3 \
+		--json reports/routing_public.json
 
 eval: setup eval-public  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
+	$(PY) bench/routing_metatool.py --json reports/routing_metatool.json
 	$(VENV)/bin/nexus eval routing --protocol unseen --no-gate-arm --queries $(QUERIES) --tools $(TOOLS) --draws 3 \
 		--json reports/routing_unseen.json
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing.json

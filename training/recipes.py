@@ -24,15 +24,24 @@ QUERIES = "data/queries/train.jsonl"
 TOOLS = "data/mcp_tools"
 AUGMENT = "data/routing_augment"
 CALIBRATION = "data/routing_calibration"
+PUBLIC = ("data/public_tools/seal_tool.jsonl", "data/public_tools/seal_dev.jsonl",
+          "data/public_tools/seal_test_in_domain.jsonl", "data/public_tools/dropped.json")
+
+
+def _encoder_params() -> dict[str, Any]:
+    """The router's encoder (DESIGN §7): all-MiniLM-L6-v2 fine-tuned on the public tools' requests plus the shipped
+    registry's own (train.jsonl + routing_augment), `make train`'s ``python -m training.public --with-shipped``."""
+    from training.public import ROUTER_ENCODER
+
+    return {**asdict(ROUTER_ENCODER), "with_shipped": True}
 
 
 def _gate_params() -> dict[str, Any]:
-    from training.gate import GateHyperParams
+    """The gate model on the router's encoder: its weights kept (q_epochs 0), no cross-encoder (ce_epochs 0); what
+    it fits is the SLB's calibration (exemplar weight and pooling, lexical weight, tool bias, tau)."""
+    from training.gate import SHIPPED_GATE
 
-    params = asdict(GateHyperParams())
-    if not params["encoder"]:  # a switch at its default stays out: the key of a model made before it holds
-        del params["encoder"]
-    return params
+    return {**asdict(SHIPPED_GATE), "encoder": "recipe:encoder"}
 
 
 def _slot_params() -> dict[str, Any]:
@@ -52,7 +61,8 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("gate", (QUERIES, TOOLS, AUGMENT, CALIBRATION), _gate_params, version=1),
+    Recipe("encoder", (*PUBLIC, QUERIES, TOOLS, AUGMENT), _encoder_params, version=1),
+    Recipe("gate", (QUERIES, TOOLS, AUGMENT, CALIBRATION), _gate_params, version=2, after=("encoder",)),
     Recipe("slots", (QUERIES, TOOLS, AUGMENT), _slot_params, version=1),
 )}
 

@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +110,14 @@ def gate_parity(trained: Path, served: Path, tools: Path, lines) -> dict[str, An
 
 
 def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lines=None,
-         only: Sequence[str] = ()) -> dict[str, Any]:
+         only: Sequence[str] = (), strict: bool = True) -> dict[str, Any]:
     """Write each model's serving form from ``cache/<model>`` into ``out/<model>`` and the manifest
     ``out/manifest.json`` (other files of ``out``, e.g. gguf.json, are left alone). Atomic per model. The gate's
     ``gate_parity`` on ``parity_lines`` (default: the calibration lines) is recorded and must reach ``MIN_PARITY``;
     every form is staged and checked first, so a failed check ships nothing.
     ``only``: ship these models and keep the others' entries of the existing manifest, which must still be current
-    (their recipe key the tree's)."""
+    (their recipe key the tree's). ``strict``: refuse a model whose recorded settings are not its recipe's
+    (``recipe_mismatch``; tests ship small models with ``strict=False``)."""
     manifest: dict[str, Any] = {"format": FORMAT, "models": {}}
     out.mkdir(parents=True, exist_ok=True)
     unknown = sorted(set(only) - set(SHIPPERS))
@@ -136,6 +138,9 @@ def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lin
             src = cache / name
             if not src.is_dir():
                 raise FileNotFoundError(f"no trained {name} at {src}: `make train` trains it")
+            mismatch = recipe_mismatch(src, name) if strict else []
+            if mismatch:
+                raise ValueError(f"{src} was not made by the {name} recipe: {'; '.join(mismatch)}")
             tmp = staged[name] = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
             tmp.chmod(0o755)  # mkdtemp makes it private
             fn(src, tmp)
@@ -167,6 +172,29 @@ def ship(cache: Path, out: Path = REPO / "models", repo: Path = REPO, parity_lin
         for tmp in staged.values():
             shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def recipe_mismatch(src: Path, name: str) -> list[str]:
+    """What the trained model at ``src`` records of its making that differs from recipe ``name`` in this tree
+    (hyper-parameters; for the gate, also its encoder's). [] when it is the recipe's: ``ship`` refuses otherwise,
+    so a model trained with other settings cannot ship under the recipe's key."""
+    if name != "gate":
+        return []
+    from training.public import ROUTER_ENCODER
+
+    want = json.loads(json.dumps(RECIPES["gate"].params()))
+    got = json.loads((src / "gate.json").read_text()).get("hyperparams") or {}
+    bad = [f"gate {k}: {got.get(k)!r}, the recipe's {v!r}" for k, v in want.items() if k != "encoder" and got.get(k) != v]
+    enc = Path(got.get("encoder") or "")
+    meta = json.loads((enc / "public_meta.json").read_text()) if (enc / "public_meta.json").is_file() else None
+    if meta is None:
+        return [*bad, f"gate encoder {str(enc)!r}: not a training.public encoder (no public_meta.json)"]
+    want_enc = json.loads(json.dumps(asdict(ROUTER_ENCODER)))
+    bad += [f"encoder {k}: {meta['hp'].get(k)!r}, the recipe's {v!r}" for k, v in want_enc.items()
+            if meta["hp"].get(k) != v]
+    if not meta.get("with_shipped") or meta.get("holdout_servers") or meta.get("limit_pairs"):
+        bad.append("encoder: not trained on every public and shipped pair (--with-shipped, no holdout, no limit)")
+    return bad
 
 
 def _trained(src: Path, name: str) -> dict[str, Any]:
