@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.tools import Tool, parse_tool
+from training.data import load_augment
 
 log = logging.getLogger("nexus.training.public")
 
@@ -168,18 +169,8 @@ def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
     tools plus ours). Lines of ``holdout_servers`` are left out (a fold that scores those servers as unseen), and so
     are lines whose tool is not in ``tools``."""
     known, held = set(tools), set(holdout_servers)
-    out: list[Pair] = []
-    for f in files:
-        f = Path(f)
-        for path in sorted(f.glob("*.jsonl")) if f.is_dir() else [f]:
-            for n, line in enumerate(path.read_text().splitlines()):
-                if not line.strip():
-                    continue
-                d = json.loads(line)
-                if d.get("server") in held or d["tool"] not in known:
-                    continue
-                out.append(Pair(f"shipped/{d.get('id', f'{path.stem}:{n}')}", d["query"], d["tool"]))
-    return out
+    return [Pair(f"shipped/{ln.id}", ln.query, ln.tool) for f in files for ln in load_augment(f)
+            if ln.server not in held and ln.tool in known]
 
 
 def load_shipped_tools(path: str | Path = SHIPPED_TOOLS) -> list[Tool]:
