@@ -1,11 +1,13 @@
-"""Grammar engines for tool arguments, side by side: today's path (the compiler's GBNF, llama.cpp's grammar sampler as
-the engine drives it) against llguidance and xgrammar, each fed that same GBNF and the JSON Schema it is compiled
-from (its free strings bounded and its objects closed as the GBNF bounds and closes them: ``schema_for_matcher``),
-on the vocabularies of SmolLM2-135M (the engine's default) and Qwen2.5-Coder-0.5B, read from their GGUFs.
+"""Grammar engines for tool arguments, side by side: today's path (the compiler's grammar, llguidance on the tool's
+JSON Schema made ready by ``schema_for_matcher``: free strings and arrays bounded, objects closed) against llama.cpp's
+grammar sampler on the GBNF that llama-cpp-python's ``json_schema_to_gbnf`` writes for that same schema (the engine's
+path until llguidance replaced it, without the hand-written extensions it needed), llguidance on that GBNF, and
+xgrammar on the GBNF and on the schema, on the vocabularies of SmolLM2-135M (the engine's default) and
+Qwen2.5-Coder-0.5B, read from their GGUFs.
 
-For every tool of the registry and every arm: the time from grammar text to a matcher ready to mask (per turn for
-llama.cpp, whose engine builds its sampler each turn), whether it compiles at all (and the schema keywords of those
-that do not), then a walk over a valid argument JSON (the first line of the query file whose ``args`` the schema
+For every tool of the registry and every arm: the time from grammar text to a matcher ready to mask (built per turn,
+as the engine builds its sampler), whether it compiles at all (and the schema keywords of those that do not), then a
+walk over a valid argument JSON (the first line of the query file whose ``args`` the schema
 accepts, else a minimal object made from the schema) in the engine model's own tokens: at each step the whole-
 vocabulary mask is computed and timed, the gold token must be in it, and after the last token the end of
 generation must be; each step's mask is also compared with today's (the same set, stricter, looser, or other). The
@@ -38,10 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 VOCABS = ("smollm2-135m", "qwen2.5-coder-0.5b")
-TODAY = "llama.cpp/gbnf"
-ARMS = (TODAY, "llguidance/gbnf", "llguidance/schema", "xgrammar/gbnf", "xgrammar/schema")
-# xgrammar on the compiler's GBNF spends up to 0.2 s (SmolLM2) and 0.5 s (Qwen) a token inside strings (p99; the
-# bounded ``char{0,160}`` rule): on every schema it alone would take a quarter of an hour
+TODAY = "llguidance/schema"
+ARMS = (TODAY, "llama.cpp/gbnf", "llguidance/gbnf", "xgrammar/gbnf", "xgrammar/schema")
+# xgrammar on a GBNF spent up to 0.2 s (SmolLM2) and 0.5 s (Qwen) a token inside bounded strings (p99): on every
+# schema it alone would take a quarter of an hour
 WALK_EVERY = {"xgrammar/gbnf": 20}
 # schema keywords that shape a value (what a failure is broken down by); names under properties are not keywords
 KEYWORDS = ("type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "items",
@@ -55,13 +57,15 @@ class CompileFailed(Exception):
 
 
 class Case(NamedTuple):
-    """One tool as every arm sees it: its GBNF (services/compiler/grammar.py, the object grammar when the converter
-    fell back), the JSON Schema that GBNF is compiled from (``schema_for_matcher``), and the
-    argument JSON walked (None: none valid)."""
+    """One tool as every arm sees it: the compiler's grammar (services/compiler/grammar.py; ``fallback``: why it is
+    any JSON object), the JSON Schema it is compiled from (``schema_for_matcher``), llama.cpp's GBNF for that schema
+    ("" when its converter raises: ``gbnf_error``), and the argument JSON walked (None: none valid)."""
 
     tool: str
-    gbnf: str
+    grammar: str
     fallback: str
+    gbnf: str
+    gbnf_error: str
     schema: dict
     text: str | None
     source: str
@@ -107,44 +111,52 @@ def vocab_path(name: str) -> Path:
 
 
 class LlamaCppArm:
-    """Today: the engine's GrammarSampler (llama.cpp's grammar sampler on the GBNF), built per turn as the engine
-    does; the mask is its whole-vocabulary scan (``masked``: logits copied in, llama_sampler_apply over n_vocab)."""
+    """llama.cpp's grammar sampler on the GBNF, built per turn; the mask is its whole-vocabulary scan (logits copied
+    into a llama_token_data array, llama_sampler_apply over n_vocab)."""
 
     def __init__(self, vocab: Vocab):
         self.vocab = vocab
-        self.zeros = np.zeros(vocab.n, dtype=np.float32)
 
     def build(self, case: Case, warn: list[str]) -> Any:
-        import llama_cpp
+        if case.gbnf_error:
+            raise CompileFailed(case.gbnf_error)
+        return _LlamaMatcher(self.vocab, case.gbnf)
 
-        from services.engine.sampling import GrammarError, GrammarSampler
 
-        try:
-            return _LlamaMatcher(GrammarSampler(llama_cpp, self.vocab.vocab, case.gbnf, self.vocab.n), self.zeros)
-        except GrammarError as e:
-            raise CompileFailed(str(e)) from None
+# llama_token_data {int32 id; float logit; float p;}
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
 
 
 class _LlamaMatcher:
-    def __init__(self, sampler, zeros: np.ndarray):
-        self.sampler, self.zeros, self.last = sampler, zeros, zeros
+    def __init__(self, vocab: Vocab, gbnf: str):
+        import llama_cpp
+
+        self.ll = llama_cpp
+        self.smpl = llama_cpp.llama_sampler_init_grammar(vocab.vocab, gbnf.encode("utf-8"), b"root")
+        if not self.smpl:
+            raise CompileFailed("llama.cpp does not parse the GBNF")
+        self.all = np.zeros(vocab.n, dtype=_TOKEN_DATA)
+        self.all["id"] = np.arange(vocab.n, dtype=np.int32)
+        ptr = llama_cpp.llama_token_data_p
+        self.arr = llama_cpp.llama_token_data_array(data=ctypes.cast(self.all.ctypes.data, ptr), size=vocab.n,
+                                                    selected=-1, sorted=False)
 
     def fill(self) -> None:
-        self.last = self.sampler.masked(self.zeros)
+        self.all["logit"] = 0.0
+        self.arr.size, self.arr.selected, self.arr.sorted = len(self.all), -1, False
+        self.ll.llama_sampler_apply(self.smpl, ctypes.byref(self.arr))
 
     def allowed(self) -> np.ndarray:
-        return np.isfinite(self.last)
-
-    def one_token(self, token: int) -> bool:
-        """The engine's fast path: the grammar asked about the argmax alone."""
-        return self.sampler.allows(token)
+        return np.isfinite(self.all["logit"])
 
     def accept(self, token: int) -> bool:
-        self.sampler.accept(token)  # only ever a token the mask allowed: llama.cpp aborts on an illegal one
+        self.ll.llama_sampler_accept(self.smpl, token)  # only ever a token the mask allowed: llama.cpp aborts else
         return True
 
     def close(self) -> None:
-        self.sampler.close()
+        if self.smpl:
+            self.ll.llama_sampler_free(self.smpl)
+            self.smpl = None
 
 
 class _BitmaskMatcher:
@@ -169,14 +181,14 @@ class _BitmaskMatcher:
 
 class LLGuidanceArm:
     """llguidance: one LLTokenizer per vocabulary (from the llama.cpp vocab); a matcher per turn from the GBNF
-    (its own GBNF-to-Lark) or the JSON Schema (as the engine's ``grammar_engine = "llguidance"`` compiles it). It never
-    raises on a bad grammar: the matcher is then in error."""
+    (its own GBNF-to-Lark) or the compiler's grammar (the engine's path). It never raises on a bad grammar: the
+    matcher is then in error."""
 
     def __init__(self, vocab: Vocab, form: str):
         import llguidance
         from llguidance.llamacpp import lltokenizer_from_vocab
 
-        self.ll, self.form, self.n = llguidance, form, vocab.n
+        self.ll, self.form, self.n, self.eos = llguidance, form, vocab.n, vocab.eos
         with warnings.catch_warnings():  # it reads each token's attributes by a name llama_cpp deprecates
             warnings.simplefilter("ignore", DeprecationWarning)
             self.tokenizer = lltokenizer_from_vocab(vocab.vocab, eos_token=vocab.eos)
@@ -184,17 +196,21 @@ class LLGuidanceArm:
     def build(self, case: Case, warn: list[str]) -> _BitmaskMatcher:
         from llguidance.numpy import fill_next_token_bitmask
 
-        from services.engine.sampling import schema_grammar
-
+        if self.form == "gbnf" and case.gbnf_error:
+            raise CompileFailed(case.gbnf_error)
         try:
-            grammar = self.ll.grammar_from("gbnf", case.gbnf) if self.form == "gbnf" else schema_grammar(case.schema)
+            grammar = self.ll.grammar_from("gbnf", case.gbnf) if self.form == "gbnf" else case.grammar
         except ValueError as e:
             raise CompileFailed(str(e)) from None
         m = self.ll.LLMatcher(self.tokenizer, grammar, log_level=0)
         if m.is_error():
             raise CompileFailed(m.get_error())
         warn.extend(m.get_grammar_warnings())
-        return _BitmaskMatcher(self.n, lambda bits: fill_next_token_bitmask(m, bits), m.consume_token)
+        out = _BitmaskMatcher(self.n, lambda bits: fill_next_token_bitmask(m, bits), m.consume_token)
+        eos = self.eos
+        # the engine's fast path: the grammar asked about the argmax alone (services/engine/sampling.py)
+        out.one_token = lambda t: m.is_accepting() if t == eos else m.validate_tokens([t]) == 1
+        return out
 
 
 class XGrammarArm:
@@ -223,7 +239,7 @@ class XGrammarArm:
 
 def make_arms(vocab: Vocab, names: list[str]) -> dict[str, Any]:
     pieces = vocab.pieces() if any(n.startswith("xgrammar") for n in names) else []
-    make = {TODAY: lambda: LlamaCppArm(vocab),
+    make = {"llama.cpp/gbnf": lambda: LlamaCppArm(vocab),
             "llguidance/gbnf": lambda: LLGuidanceArm(vocab, "gbnf"),
             "llguidance/schema": lambda: LLGuidanceArm(vocab, "schema"),
             "xgrammar/gbnf": lambda: XGrammarArm(vocab, "gbnf", pieces),
@@ -236,7 +252,7 @@ def make_arms(vocab: Vocab, names: list[str]) -> dict[str, Any]:
 
 def ordered(value: Any, schema: Any) -> Any:
     """``value`` with each object's keys in the order its schema lists them (every arm's grammar fixes that order:
-    the signature's, which schema_for_grammar writes into ``properties``)."""
+    the signature's, which schema_for_matcher writes into ``properties``)."""
     if not isinstance(schema, dict):
         return value
     if isinstance(value, dict):
@@ -301,6 +317,7 @@ def keywords_of(schema: Any, out: set[str] | None = None) -> set[str]:
 
 def load_cases(tools_dir: str, queries: str, limit: int) -> list[Case]:
     import jsonschema
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     from services.common.tools import load_registry_dir
     from services.compiler.grammar import compile_grammar, schema_for_matcher
@@ -319,9 +336,13 @@ def load_cases(tools_dir: str, queries: str, limit: int) -> list[Case]:
         if value is None and valid(made := minimal(tool.input_schema, tool.input_schema)):
             value, source = made, "generated"
         g = compile_grammar(tool)
-        schema = schema_for_matcher(tool)
+        schema, _ = schema_for_matcher(tool)
+        try:
+            gbnf, gbnf_error = json_schema_to_gbnf(json.dumps(schema)), ""
+        except Exception as e:  # noqa: BLE001 - the converter raises assorted errors on exotic schemas
+            gbnf, gbnf_error = "", f"json_schema_to_gbnf: {type(e).__name__}: {e}"[:300]
         text = None if value is None else json.dumps(ordered(value, schema), ensure_ascii=False)
-        cases.append(Case(tool.name, g.text, g.reason if g.fallback else "", schema, text, source,
+        cases.append(Case(tool.name, g.text, g.reason if g.fallback else "", gbnf, gbnf_error, schema, text, source,
                           sorted(keywords_of(tool.input_schema))))
     return cases
 

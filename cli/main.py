@@ -120,7 +120,9 @@ def register_dir(client, tools_dir: str, batch: int = 25, progress: bool = True)
     raw = [t.to_json() for t in tools]
     with tqdm(total=len(raw), desc="register+compile", unit="tool", disable=not progress, file=sys.stderr) as bar:
         for i in range(0, len(raw), batch):
-            client.register(raw[i : i + batch])
+            resp = client.register(raw[i : i + batch])
+            for w in resp.warnings:  # e.g. a schema keyword the grammar cannot enforce
+                bar.write(f"warning: {w}", file=sys.stderr)
             bar.update(len(raw[i : i + batch]))
     return len(raw)
 

@@ -28,7 +28,7 @@ from services.common.errors import InvalidArgument
 from services.common.store import LocalStore
 from services.compiler.grammar import compile_grammar
 from services.compiler.signature import signature
-from services.engine.config import GRAMMAR_ENGINES, EngineConfig
+from services.engine.config import EngineConfig
 from services.engine.engine import Engine, Result
 from services.runtime.prompt import Turn, build_messages
 from training.data import QueryLine, is_correct, load_queries, load_registry, tune_split
@@ -164,12 +164,10 @@ def select_lines(lines: Sequence[QueryLine], split: str, limit: int, seed: int,
 def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed: int = 0, model_path: str = "",
              n_ctx: int = 8192, workdir: str = "var/eval-args", progress: bool = True,
              router_factory=None, split: str = "heldout",
-             warm_max_tokens: int = 2048, max_tokens: int = 0, exclude: Sequence[str] = (),
-             grammar_engine: str = "gbnf") -> dict[str, Any]:
+             warm_max_tokens: int = 2048, max_tokens: int = 0, exclude: Sequence[str] = ()) -> dict[str, Any]:
     """Run the evaluation and write ``out_json`` (+ a PNG beside it). ``router_factory(store) -> route_fn``
     overrides how queries are routed (tests); default: the real router domain over the whole registry.
-    ``exclude``: line ids left out before sampling (the lines of an earlier report, for a fresh sample).
-    ``grammar_engine``: the engine config's (what samples every arm's arguments)."""
+    ``exclude``: line ids left out before sampling (the lines of an earlier report, for a fresh sample)."""
     from tqdm import tqdm
 
     registry = load_registry(tools)
@@ -186,8 +184,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
     shutil.rmtree(Path(workdir) / "store", ignore_errors=True)
     store = LocalStore(tempfile.mkdtemp(prefix="store-", dir=workdir))
     store.registry_put(list(registry.tools))
-    cfg = replace(EngineConfig(), model_path=model_path, n_ctx=n_ctx, store_url=str(store.root),
-                  grammar_engine=grammar_engine)
+    cfg = replace(EngineConfig(), model_path=model_path, n_ctx=n_ctx, store_url=str(store.root))
     if max_tokens > 0:  # budget before the closing bias winds the JSON down (engine default: 256)
         cfg = replace(cfg, default_max_tokens=max_tokens)
     engine = Engine(cfg, store)
@@ -255,7 +252,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
                           "split": split, "max_tokens": cfg.default_max_tokens, "prefix_cached_arm_run_only_for_heads_up_to_tokens": warm_max_tokens,
                           "split_rule": "tune = lines whose id number is divisible by 4 (all prompt/IR/decoding "
                                         "tuning used only these, seed 1); heldout = all other lines",
-                          "model": str(engine.model_path), "n_ctx": n_ctx, "grammar_engine": grammar_engine,
+                          "model": str(engine.model_path), "n_ctx": n_ctx,
                           "slot_reader": None if engine._slots is None else {
                               "path": cfg.slot_model, "hint_bias": cfg.slot_hint_bias,
                               **{k: engine._slots.meta.get(k) for k in ("data_hash", "threshold", "n_train_lines",
@@ -453,8 +450,6 @@ def add_args_eval_parser(sub) -> None:
                    help="heldout (default): lines never used for tuning; tune: the tuning lines")
     p.add_argument("--exclude-from", default="", metavar="REPORT.json",
                    help="leave out the lines an earlier report of this evaluation scored (a fresh sample)")
-    p.add_argument("--grammar-engine", choices=GRAMMAR_ENGINES, default="gbnf",
-                   help="what samples the arguments: llama.cpp on the compiler's GBNF, or llguidance on the JSON Schema")
 
     def run(args) -> int:
         t0 = time.time()
@@ -467,7 +462,7 @@ def add_args_eval_parser(sub) -> None:
                                  f"({e})") from None
         rep = evaluate(args.queries, args.tools, args.out, limit=args.limit, seed=args.seed, model_path=args.model,
                        n_ctx=args.n_ctx, split=args.split, warm_max_tokens=args.warm_max_tokens,
-                       max_tokens=args.max_tokens, exclude=exclude, grammar_engine=args.grammar_engine)
+                       max_tokens=args.max_tokens, exclude=exclude)
         keys = ("n", "routing_accuracy", "json_valid_rate", "schema_valid_rate", "arg_accuracy_routed",
                 "arg_accuracy_e2e", "first_arg_speedup", "main_context_token_saving", "ir_tokens_median")
         print(json.dumps({k: rep[k] for k in keys} | {"seconds": round(time.time() - t0)}, indent=2))

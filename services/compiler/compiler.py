@@ -16,18 +16,19 @@ import numpy as np
 from services.common.errors import ArtifactNotFound, DataCorruption, ResourceExhausted
 from services.common.store import ObjectInfo, Store, artifact_key
 from services.common.tools import Tool
-from services.compiler.grammar import compile_grammar
+from services.compiler.grammar import compile_grammar, grammar_fingerprint
 from services.compiler.signature import IR_VERSION, signature
 
 log = logging.getLogger("nexus.compiler")
 
 # Artifact kinds (the first part of every artifact key).
 KIND_SIGNATURE = "sig"
-KIND_GRAMMAR = "gbnf"
+KIND_GRAMMAR = "grammar"
 KIND_EMBEDDING = "emb"
 KIND_KV_BLOCK = "atb"  # made by services.compiler.kvblock.BlockCompiler
 
 IR_FINGERPRINT = hashlib.sha256(IR_VERSION.encode()).hexdigest()
+GRAMMAR_FINGERPRINT = grammar_fingerprint()
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class CompileResult:
     signature_tokens: int
     grammar_fallback: bool
     artifacts: list[Artifact] = field(default_factory=list)
+    # schema keywords the grammar does not enforce: checked against the schema after sampling only
+    unchecked_keywords: tuple[str, ...] = ()
     cached: bool = False
     # the KV block was queued for the background (``defer_kv``) and is not in the store yet
     kv_pending: bool = False
@@ -54,7 +57,7 @@ def signature_key(tool: Tool) -> str:
 
 
 def grammar_key(tool: Tool) -> str:
-    return artifact_key(KIND_GRAMMAR, IR_FINGERPRINT, tool.schema_hash)
+    return artifact_key(KIND_GRAMMAR, GRAMMAR_FINGERPRINT, tool.schema_hash)
 
 
 def embedding_key(tool: Tool, embedder_fingerprint: str) -> str:
@@ -232,6 +235,7 @@ class Compiler:
                 signature=sig,
                 signature_tokens=int(sig_info.meta.get("tokens", 0)),
                 grammar_fallback=bool(gram_info.meta.get("fallback", False)),
+                unchecked_keywords=tuple(gram_info.meta.get("unchecked", ())),
                 artifacts=[Artifact(KIND_SIGNATURE, sig_info), Artifact(KIND_GRAMMAR, gram_info),
                            Artifact(KIND_EMBEDDING, emb_info)] + ([kv] if kv else []),
                 cached=had_block,
@@ -245,7 +249,8 @@ class Compiler:
         base = {"tool": tool.name, "schema_hash": tool.schema_hash}
         sig_info = self.store.put(sig_key, sig.encode("utf-8"), {**base, "tokens": tokens, "ir": IR_VERSION})
         gram_info = self.store.put(
-            gram_key, grammar.text.encode("utf-8"), {**base, "fallback": grammar.fallback, "reason": grammar.reason}
+            gram_key, grammar.text.encode("utf-8"), {**base, "fallback": grammar.fallback, "reason": grammar.reason,
+                                                       "unchecked": list(grammar.unchecked)}
         )
         emb_info = self._stored_embedding(emb_key)  # the router embeds a registration's tools in one batch first
         if emb_info is None:
@@ -261,6 +266,7 @@ class Compiler:
             signature=sig,
             signature_tokens=tokens,
             grammar_fallback=grammar.fallback,
+            unchecked_keywords=grammar.unchecked,
             artifacts=[Artifact(KIND_SIGNATURE, sig_info), Artifact(KIND_GRAMMAR, gram_info),
                        Artifact(KIND_EMBEDDING, emb_info)] + ([kv] if kv else []),
             kv_pending=pending,

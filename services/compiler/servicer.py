@@ -50,6 +50,7 @@ class CompilerServicer(compiler_pb2_grpc.CompilerServiceServicer):
         return compiler_pb2.CompileResponse(
             tool=res.tool, schema_hash=res.schema_hash, signature=res.signature,
             signature_tokens=res.signature_tokens, grammar_fallback=res.grammar_fallback, cached=res.cached,
+            unchecked_keywords=list(res.unchecked_keywords),
             artifacts=[_ref(a.kind, a.info) for a in res.artifacts], kv_block_pending=res.kv_pending,
         )
 

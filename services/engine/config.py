@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import ConfigError, MiB, TransportSecurity
-
-GRAMMAR_ENGINES = ("gbnf", "llguidance")
+from services.common.config import MiB, TransportSecurity
 
 
 @dataclass(frozen=True)
@@ -32,10 +30,6 @@ class EngineConfig(TransportSecurity):
     splice_K: float = 4.0
     # Fraction of splices checked against a text prefill in the sidecar sequence (0 = only on request).
     splice_validate_rate: float = 0.0
-    # What samples the arguments under the tool's grammar (services/engine/sampling.py): "gbnf" (llama.cpp's
-    # grammar sampler on the compiler's GBNF) or "llguidance" (llguidance on the tool's JSON Schema, free strings
-    # bounded as the GBNF bounds them; a schema it cannot compile falls back to the GBNF, logged once per tool).
-    grammar_engine: str = "gbnf"
     # Copy bias (services/engine/copybias.py): nudges string values toward spans of the request.
     copy_bias: bool = True
     copy_start_bias: float = 2.0
@@ -97,7 +91,3 @@ class EngineConfig(TransportSecurity):
     # Prometheus /metrics HTTP port (0 disables the endpoint).
     metrics_port: int = 9103
     log_level: str = "INFO"
-
-    def __post_init__(self) -> None:
-        if self.grammar_engine not in GRAMMAR_ENGINES:
-            raise ConfigError(f"grammar_engine must be {' or '.join(GRAMMAR_ENGINES)}, got {self.grammar_engine!r}")

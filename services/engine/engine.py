@@ -37,20 +37,13 @@ from services.common.store import Store
 from services.common.tools import Tool
 from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import grammar_key, signature_key
-from services.compiler.grammar import compile_grammar, schema_for_matcher
+from services.compiler.grammar import ANY_OBJECT, compile_grammar, grammar_text
 from services.compiler.kvblock import PromptSegments
 from services.compiler.signature import param_order, signature
 from services.engine.choices import enum_choices
 from services.engine.config import EngineConfig
 from services.engine.copybias import CopyBias
-from services.engine.sampling import (
-    ConstrainedSampler,
-    GrammarError,
-    GrammarSampler,
-    LLGuidance,
-    LLGuidanceSampler,
-    schema_grammar,
-)
+from services.engine.sampling import GrammarError, GrammarSampler, Vocabulary
 from services.runtime.prompt import Turn, copy_source, prune_history
 from services.runtime.splice import LIVE_SEQ, kl_divergence, recompute_fraction
 
@@ -231,13 +224,8 @@ class Engine:
         self._free_head_seqs = list(range(FIRST_HEAD_SEQ, FIRST_HEAD_SEQ + max(0, config.warm_heads)))
         self.last_prompt_logits: np.ndarray | None = None  # next-token logits after the last prompt (tests)
         self.stats = {"generations": 0, "path_text": 0, "path_splice": 0, "grammar_fallbacks": 0,
-                      "llguidance_fallbacks": 0, "splice_declined": 0, "validations": 0, "validation_fallbacks": 0,
-                      "warm_head_hits": 0}
-        # grammar_engine = "llguidance": its tokenizer for this vocabulary, and the schemas (by hash) it cannot
-        # compile, which sample under the compiler's GBNF instead
-        self._llguidance = (LLGuidance(llama_cpp, self.sc.vocab, self.sc.n_vocab)
-                            if config.grammar_engine == "llguidance" else None)
-        self._gbnf_only: set[str] = set()
+                      "splice_declined": 0, "validations": 0, "validation_fallbacks": 0, "warm_head_hits": 0}
+        self._vocabulary = Vocabulary(llama_cpp, self.sc.vocab, self.sc.n_vocab)  # the grammar's view of the vocab
         # the slot reader (services/engine/slots.py) loads here, not on the first turn (torch import ~2 s)
         self._slots = None
         if config.copy_bias and config.slot_hint_bias and config.slot_model:
@@ -632,73 +620,70 @@ class Engine:
         sampler = self._sampler(arts)
         path, reason = plan.path, plan.reason
         v_kl = v_top1 = None
-        try:
-            tp = time.perf_counter()
-            recomputed, spliced = self._load_prompt(seg, plan, reuse_prefix, limit)
-            prefill_ms = (time.perf_counter() - tp) * 1e3
-            logits = self.last_prompt_logits = self.sc.logits()
-            if validate:
-                self.stats["validations"] += 1
-                v_kl, v_top1, ref = self._sidecar_check(tokens, logits)
-                if not v_top1:
-                    # never worse than a full prefill: the sidecar's text prefill becomes the live sequence
-                    self.stats["validation_fallbacks"] += 1
-                    self.sc.seq_rm(LIVE_SEQ)
-                    self.sc.seq_cp(SIDECAR_SEQ, LIVE_SEQ)
-                    # exact, but decoded in one batch from position 0 rather than as warm units + rest: not
-                    # reused by later turns, whose K/V must not depend on what ran before them
-                    self._exact_upto = 0
-                    logits, path = ref, PATH_TEXT
-                    reason = f"path B: sidecar validation disagreed with the splice (KL {v_kl:.3g}); text prefill"
-                self.sc.seq_rm(SIDECAR_SEQ)
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-            tracker = JsonObjectTracker()
-            pieces: list[str] = []
-            first_token_ms = first_arg_ms = 0.0
-            n_out = 0
-            n_pos = len(tokens)
-            closer = self._closer()
-            closer.active = closer.in_string = False
-            copier = self._copier()
+        tp = time.perf_counter()
+        recomputed, spliced = self._load_prompt(seg, plan, reuse_prefix, limit)
+        prefill_ms = (time.perf_counter() - tp) * 1e3
+        logits = self.last_prompt_logits = self.sc.logits()
+        if validate:
+            self.stats["validations"] += 1
+            v_kl, v_top1, ref = self._sidecar_check(tokens, logits)
+            if not v_top1:
+                # never worse than a full prefill: the sidecar's text prefill becomes the live sequence
+                self.stats["validation_fallbacks"] += 1
+                self.sc.seq_rm(LIVE_SEQ)
+                self.sc.seq_cp(SIDECAR_SEQ, LIVE_SEQ)
+                # exact, but decoded in one batch from position 0 rather than as warm units + rest: not
+                # reused by later turns, whose K/V must not depend on what ran before them
+                self._exact_upto = 0
+                logits, path = ref, PATH_TEXT
+                reason = f"path B: sidecar validation disagreed with the splice (KL {v_kl:.3g}); text prefill"
+            self.sc.seq_rm(SIDECAR_SEQ)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        tracker = JsonObjectTracker()
+        pieces: list[str] = []
+        first_token_ms = first_arg_ms = 0.0
+        n_out = 0
+        n_pos = len(tokens)
+        closer = self._closer()
+        closer.active = closer.in_string = False
+        copier = self._copier()
+        if copier is not None:
+            hints = self.slot_hints(arts.tool, source)
+            copier.begin(source, hints, self.slot_silent(arts.tool, hints),
+                         choices=self.enum_choices(arts.tool, request or source),
+                         order=param_order(arts.tool.input_schema))
+        # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
+        # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
+        hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])
+        while True:
             if copier is not None:
-                hints = self.slot_hints(arts.tool, source)
-                copier.begin(source, hints, self.slot_silent(arts.tool, hints),
-                             choices=self.enum_choices(arts.tool, request or source),
-                             order=param_order(arts.tool.input_schema))
-            # Past the budget the closer biases toward tokens that close strings/arrays/objects; the grammar
-            # still decides what is legal, so the output stays valid JSON for the schema and ends soon.
-            hard_stop = limit + 64 + 8 * len(arts.tool.input_schema.get("required", []) or [])
-            while True:
+                logits = copier(logits)
+            tok = sampler.pick(closer(None, logits))
+            now = (time.perf_counter() - t0) * 1e3
+            if n_out == 0:
+                first_token_ms = now
+            if tok < 0 or llama_cpp.llama_vocab_is_eog(self.sc.vocab, tok):
+                break
+            sampler.accept(tok)
+            n_out += 1
+            piece = decoder.decode(self.llm.detokenize([tok]))
+            if piece:
+                pieces.append(piece)
                 if copier is not None:
-                    logits = copier(logits)
-                tok = sampler.pick(closer(None, logits))
-                now = (time.perf_counter() - t0) * 1e3
-                if n_out == 0:
-                    first_token_ms = now
-                if tok < 0 or llama_cpp.llama_vocab_is_eog(self.sc.vocab, tok):
-                    break
-                sampler.accept(tok)
-                n_out += 1
-                piece = decoder.decode(self.llm.detokenize([tok]))
-                if piece:
-                    pieces.append(piece)
-                    if copier is not None:
-                        copier.feed(piece)
-                    if tracker.feed(piece):
-                        first_arg_ms = now
-                    yield Token(piece)
-                if tracker.done or n_out >= hard_stop or n_pos + 1 >= self.n_ctx:
-                    break
-                closer.in_string = tracker.in_string
-                if n_out >= limit:
-                    closer.active = True
-                self.sc.decode([tok], n_pos)
-                self._live.append(tok)
-                n_pos += 1
-                logits = self.sc.logits()
-            total_ms = (time.perf_counter() - t0) * 1e3
-        finally:
-            sampler.close()
+                    copier.feed(piece)
+                if tracker.feed(piece):
+                    first_arg_ms = now
+                yield Token(piece)
+            if tracker.done or n_out >= hard_stop or n_pos + 1 >= self.n_ctx:
+                break
+            closer.in_string = tracker.in_string
+            if n_out >= limit:
+                closer.active = True
+            self.sc.decode([tok], n_pos)
+            self._live.append(tok)
+            n_pos += 1
+            logits = self.sc.logits()
+        total_ms = (time.perf_counter() - t0) * 1e3
         text = "".join(pieces).strip()
         valid = _validate(text, arts.tool)
         if not first_arg_ms:
@@ -716,22 +701,15 @@ class Engine:
             validation_kl=v_kl, validation_top1=v_top1,
         )
 
-    def _sampler(self, arts: ToolArtifacts) -> ConstrainedSampler:
-        """The turn's grammar sampler, as ``grammar_engine`` says: llguidance on the tool's JSON Schema, or the
-        compiler's GBNF (also for a schema llguidance cannot compile: logged once per tool)."""
-        import llama_cpp
-
-        tool = arts.tool
-        if self._llguidance is not None and tool.schema_hash not in self._gbnf_only:
-            try:
-                return LLGuidanceSampler(self._llguidance, schema_grammar(schema_for_matcher(tool)))
-            except (GrammarError, ValueError) as e:  # ValueError: schema_for_matcher's dependentRequired bound
-                self._gbnf_only.add(tool.schema_hash)
-                log.warning("llguidance cannot compile the tool's schema: sampling under its GBNF",
-                            extra={"tool": tool.name, "error": str(e)[:300]})
-        if tool.schema_hash in self._gbnf_only:
-            self.stats["llguidance_fallbacks"] += 1
-        return GrammarSampler(llama_cpp, self.sc.vocab, arts.grammar, self.sc.n_vocab)
+    def _sampler(self, arts: ToolArtifacts) -> GrammarSampler:
+        """The turn's grammar sampler; a grammar that does not compile for this vocabulary samples any JSON object
+        (logged, counted: the call is still validated against the schema)."""
+        try:
+            return GrammarSampler(self._vocabulary, arts.grammar)
+        except GrammarError as e:
+            self.stats["grammar_fallbacks"] += 1
+            log.warning("grammar fallback", extra={"tool": arts.tool.name, "error": str(e)[:300]})
+            return GrammarSampler(self._vocabulary, grammar_text(ANY_OBJECT))
 
     def generate_tokens(self, tokens: list[int], arts: ToolArtifacts, limit: int, *, reuse_prefix: bool = True,
                         t0: float | None = None, path_reason: str = "text prefill",
@@ -746,6 +724,75 @@ class Engine:
             yield from self._turn(seg, arts, limit, t0, _Plan(PATH_TEXT, path_reason),
                                   reuse_prefix="lcp" if reuse_prefix else False,
                                   source=source, request=request)
+
+    def generate_text(self, query: str, history: Sequence[Turn] = (),
+                      max_tokens: int | None = None) -> Iterator[Token | Any]:
+        """A text answer, no tool: the conversation (``history``, then ``query`` as the last user turn when not
+        blank) in the model's own chat template (services/engine/text.py), greedy, no grammar, until the model ends
+        its turn or ``max_tokens``. Yields ``Token`` pieces, then one ``TextResult``. The oldest turns after the
+        system prompt are left out until the prompt and ``max_tokens`` fit the context (ResourceExhausted when even
+        the last turn does not). Prefilled from position 0 each time: the answer does not depend on what ran
+        before it."""
+        import llama_cpp
+
+        from services.engine.text import TextResult, chat_messages, droppable
+
+        if len(query) > self.config.max_query_chars:
+            raise InvalidArgument(f"query is {len(query)} characters; the limit is {self.config.max_query_chars}")
+        if len(history) > self.config.max_history_turns:
+            raise InvalidArgument(f"history has {len(history)} turns; the limit is {self.config.max_history_turns}")
+        limit = bounded_count("max_tokens", max_tokens, default=self.config.default_max_tokens,
+                              limit=self.config.max_tokens_limit)
+        messages = chat_messages(history, query)
+        if not any(m["role"] != "system" for m in messages):
+            raise InvalidArgument("nothing to answer: the query and the history hold no user, assistant or tool turn")
+        t0 = time.perf_counter()
+        with self.lock:
+            # the live sequence shares the KV cache with the warm prelude: that much less room
+            room = self.n_ctx - len(self.prelude) - 8
+            tokens, dropped = self.tokenize_messages(messages), 0
+            while len(tokens) + limit > room:
+                i = droppable(messages)
+                if i is None:
+                    raise ResourceExhausted(f"prompt of {len(tokens)} tokens + {limit} to generate exceeds the "
+                                            f"{room} positions the context has for a text answer")
+                del messages[i]
+                tokens, dropped = self.tokenize_messages(messages), dropped + 1
+            self._make_room(len(tokens) + limit + 8)
+            self.forget_live()
+            tp = time.perf_counter()
+            self.sc.decode(tokens, 0)
+            prefill_ms = (time.perf_counter() - tp) * 1e3
+            self._live, self._exact_upto = list(tokens), len(tokens)
+            logits = self.sc.logits()
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            pieces: list[str] = []
+            first_token_ms, n_out, n_pos, truncated = 0.0, 0, len(tokens), False
+            while True:
+                tok = int(np.argmax(logits))
+                if n_out == 0:
+                    first_token_ms = (time.perf_counter() - t0) * 1e3
+                if llama_cpp.llama_vocab_is_eog(self.sc.vocab, tok):
+                    break
+                n_out += 1
+                piece = decoder.decode(self.llm.detokenize([tok]))
+                if piece:
+                    pieces.append(piece)
+                    yield Token(piece)
+                if n_out >= limit or n_pos + 1 >= self.n_ctx:
+                    truncated = True
+                    break
+                self.sc.decode([tok], n_pos)
+                self._live.append(tok)
+                n_pos += 1
+                logits = self.sc.logits()
+            if tail := decoder.decode(b"", final=True):
+                pieces.append(tail)
+                yield Token(tail)
+            self.stats["text_answers"] = self.stats.get("text_answers", 0) + 1
+        yield TextResult(text="".join(pieces).strip(), first_token_ms=first_token_ms,
+                         total_ms=(time.perf_counter() - t0) * 1e3, prefill_ms=prefill_ms, prompt_tokens=len(tokens),
+                         completion_tokens=n_out, truncated=truncated, dropped_turns=dropped)
 
 
 def _validate(text: str, tool: Tool) -> bool:

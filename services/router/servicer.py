@@ -38,12 +38,16 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
         )
 
     async def RegisterTools(self, request, context):
+        warnings: list[str] = []
+
         async def compile_fn(tool: Tool) -> None:
-            await self.compiler.compile(tool, derive_requests=self.router.wants_derived(tool),
-                                        defer_kv_block=request.defer_kv_blocks)
+            res = await self.compiler.compile(tool, derive_requests=self.router.wants_derived(tool),
+                                              defer_kv_block=request.defer_kv_blocks)
+            warnings.extend(grammar_warnings(res))
 
         names, version, total = await self.router.register(list(request.tools), compile_fn)
-        return router_pb2.RegisterToolsResponse(names=names, registry_version=version, total=total)
+        return router_pb2.RegisterToolsResponse(names=names, registry_version=version, total=total,
+                                                warnings=warnings)
 
     async def RemoveTools(self, request, context):
         removed, missing, version = await self.router.remove(list(request.names))
@@ -57,3 +61,14 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                    for e in entries],
             registry_version=version,
         )
+
+
+def grammar_warnings(res) -> list[str]:
+    """What registration tells the user about one compiled tool's grammar (a CompileResponse)."""
+    if res.grammar_fallback:
+        return [f"{res.tool}: its schema does not compile to a grammar; arguments are sampled as any JSON object "
+                f"and checked against the schema after sampling"]
+    if res.unchecked_keywords:
+        return [f"{res.tool}: {', '.join(res.unchecked_keywords)} checked only after sampling (the grammar cannot "
+                f"enforce it)"]
+    return []

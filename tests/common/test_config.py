@@ -3,7 +3,6 @@ from dataclasses import dataclass
 import pytest
 
 from services.common.config import ConfigError, load_config
-from services.engine.config import EngineConfig
 from services.router.config import RouterConfig
 
 
@@ -58,14 +57,6 @@ def test_router_query_encoder_precision_is_checked():
     assert load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={}).query_encoder_precision == "int8"
     with pytest.raises(ConfigError, match="query_encoder_precision must be fp32 or int8, got 'fp16'"):
         load_config(RouterConfig, prefix="NEXUS_ROUTER_", env={"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp16"})
-
-
-def test_engine_grammar_engine_is_checked():
-    assert load_config(EngineConfig, prefix="NEXUS_ENGINE_", env={}).grammar_engine == "gbnf"
-    cfg = load_config(EngineConfig, prefix="NEXUS_ENGINE_", env={"NEXUS_ENGINE_GRAMMAR_ENGINE": "llguidance"})
-    assert cfg.grammar_engine == "llguidance"
-    with pytest.raises(ConfigError, match="grammar_engine must be gbnf or llguidance, got 'xgrammar'"):
-        load_config(EngineConfig, prefix="NEXUS_ENGINE_", env={"NEXUS_ENGINE_GRAMMAR_ENGINE": "xgrammar"})
 
 
 def test_the_router_has_no_second_stage_setting_and_refuses_the_removed_ones():

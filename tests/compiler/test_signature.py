@@ -74,8 +74,11 @@ def test_arrays_of_objects_show_their_members_in_the_required_order():
     assert signature(t, with_description=False) == \
         "create_pull_request(path: str, edits: {oldText: str, newText: str, note?: str}[])"
     # the grammar writes the required members in the same order (canonical key order put newText first)
-    rule = next(ln for ln in compile_grammar(t).text.splitlines() if ln.startswith("edits-item ::="))
-    assert rule.index("oldText") < rule.index("newText")
+    from services.compiler.grammar import schema_for_matcher
+
+    schema, _ = schema_for_matcher(t)
+    assert list(schema["properties"]["edits"]["items"]["properties"]) == ["oldText", "newText", "note"]
+    assert compile_grammar(t).text.index('"oldText"') < compile_grammar(t).text.index('"newText"')
     deep = _tool({"a": {"type": "array", "items": {"type": "object", "properties": {
         "b": {"type": "array", "items": {"type": "object", "properties": {"c": {"type": "string"}}}}}}}})
     assert signature(deep, with_description=False) == "create_pull_request(a?: {b?: obj[]}[])"  # one level deep

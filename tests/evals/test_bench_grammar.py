@@ -28,10 +28,16 @@ def test_every_arm_compiles_and_lets_the_gold_arguments_through(tmp_path):
     arms = rep["vocabs"][VOCAB]["arms"]
     assert list(arms) == list(bench.ARMS)
     for name, a in arms.items():
-        assert a["compiled"] == 3 and a["failed"] == [], (name, a["failed"])
+        # what an arm cannot compile is reported with its error and the schema's keywords (llguidance's GBNF-to-Lark
+        # refuses the converter's bounded strings as too deeply nested)
+        assert a["compiled"] + len(a["failed"]) == 3 and all(f["error"] and f["keywords"] for f in a["failed"])
+        if name in (bench.TODAY, "llama.cpp/gbnf"):
+            assert a["compiled"] == 3, (name, a["failed"])
+        if not a["compiled"]:
+            continue
         # every gold token (and the end of generation after it) was in the arm's mask: the walk reached the end
         assert a["rejected"] == [] and a["walked"] == a["walkable"] > 0, (name, a["rejected"])
-        assert a["compile_ms"]["n"] == 3 and 0 < a["mask_us"]["p50"] <= a["mask_us"]["p99"] <= a["mask_us"]["max"]
+        assert a["compile_ms"]["n"] == a["compiled"] and 0 < a["mask_us"]["p50"] <= a["mask_us"]["p99"]
         assert sum(a["vs_today"].values()) == pytest.approx(1.0, abs=1e-3)  # rounded shares
     assert arms[bench.TODAY]["vs_today"]["same"] == 1.0 and arms[bench.TODAY]["one_token_us"]["n"] > 0
     # the walk-every default: xgrammar on the GBNF walks the first schema only
@@ -41,13 +47,17 @@ def test_every_arm_compiles_and_lets_the_gold_arguments_through(tmp_path):
 
 def test_a_json_that_breaks_its_schema_is_stopped_at_the_breaking_token():
     bench = load_bench("grammar")
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
     from services.common.tools import parse_tool
-    from services.compiler.grammar import compile_grammar, schema_for_grammar
+    from services.compiler.grammar import compile_grammar, schema_for_matcher
 
     tool = parse_tool({"name": "count", "description": "", "inputSchema": {
         "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}})
     text = '{"n": "five"}'
-    case = bench.Case(tool.name, compile_grammar(tool).text, "", schema_for_grammar(tool), text, "gold", ["type"])
+    schema, _ = schema_for_matcher(tool)
+    case = bench.Case(tool.name, compile_grammar(tool).text, "", json_schema_to_gbnf(json.dumps(schema)), "", schema,
+                      text, "gold", ["type"])
     vocab = bench.Vocab(VOCAB, bench.vocab_path(VOCAB))
     arms = bench.make_arms(vocab, list(bench.ARMS))
     rec = {n: bench.new_record() for n in arms}
@@ -61,7 +71,7 @@ def test_a_json_that_breaks_its_schema_is_stopped_at_the_breaking_token():
 
 @pytest.mark.parametrize("flags, message", [
     (["--vocabs", "gpt2"], "--vocabs: of smollm2-135m, qwen2.5-coder-0.5b"),
-    (["--arms", "outlines"], "--arms: of llama.cpp/gbnf"),
+    (["--arms", "outlines"], "--arms: of llguidance/schema, llama.cpp/gbnf"),
     (["--walk-every", "xgrammar/gbnf=0"], "--walk-every: ARM=K (K >= 1)"),
 ])
 def test_bad_flags_are_clear_errors(tmp_path, flags, message):

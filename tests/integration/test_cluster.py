@@ -3,6 +3,7 @@
 import json
 
 import grpc
+import jsonschema
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -122,3 +123,28 @@ def test_register_then_remove_updates_routing_without_restart(cluster):
     resp = r.RemoveTools(router_pb2.RemoveToolsRequest(names=["summon_llama_herd", "ghost"]), timeout=10)
     assert list(resp.removed) == ["summon_llama_herd"] and list(resp.missing) == ["ghost"]
     assert client.route("please summon a herd of llamas").tool != "summon_llama_herd"
+
+
+def test_registration_names_what_the_grammar_cannot_enforce(cluster):
+    """A schema keyword the grammar library does not implement (propertyNames) still registers the tool; the response
+    says it is checked only after sampling, and the generated call validates against the whole schema."""
+    tool = {"name": "tag_llamas", "description": "Put name tags on llamas",
+            "inputSchema": {"type": "object", "required": ["tags"], "properties": {"tags": {
+                "type": "object", "propertyNames": {"pattern": "^[a-z]+$"},
+                "additionalProperties": {"type": "string"}}}}}
+    client = cluster["client"]
+    try:
+        reg = client.register([tool, {"name": "plain_llama", "description": "Count llamas",
+                                      "inputSchema": {"type": "object", "properties": {"n": {"type": "integer"}}}}])
+        assert reg.names == ["tag_llamas", "plain_llama"]
+        assert list(reg.warnings) == ["tag_llamas: propertyNames checked only after sampling (the grammar cannot "
+                                      "enforce it)"]
+        res = client.generate("tag the llama dolly as brown", tool="tag_llamas", max_tokens=24)
+        try:  # what the engine reports is the validation against the whole schema, propertyNames included
+            jsonschema.validate(json.loads(res.arguments_json), tool["inputSchema"])
+            valid = True
+        except (ValueError, jsonschema.ValidationError):
+            valid = False
+        assert res.schema_valid == valid
+    finally:
+        client.remove(["tag_llamas", "plain_llama"])
