@@ -52,6 +52,9 @@ SHIPPED_TOOLS = REPO / "data" / "mcp_tools"
 SEAL_TOOLS = "seal_tool.jsonl"
 SEAL_REQUESTS = ("seal_dev.jsonl", "seal_test_in_domain.jsonl")
 DROPPED = "dropped.json"
+# requests written by the derive generator (services/compiler/derive.py) for the kept Seal tools that no Seal request
+# calls: ``python -m training.public --derive N`` writes or completes it, ``--with-derived`` trains on it
+SEAL_DERIVED = "seal_derived.jsonl"
 SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment")
 
 OVERLAP_THRESHOLD = 0.8
@@ -303,6 +306,37 @@ def training_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIP
     return kept, {t.name: t for t in public if t.name not in drop}, report
 
 
+def uncovered_tools(pairs: Sequence[Pair], tools: dict[str, Tool]) -> list[Tool]:
+    """The training tools (file order) that no pair calls: the tools derived requests are written for."""
+    covered = {p.tool for p in pairs}
+    return [t for name, t in tools.items() if name not in covered]
+
+
+def load_derived_pairs(path: str | Path, tools: dict[str, Tool]) -> list[Pair]:
+    """Pairs from a derived-requests file: each request of a tool that is still a training tool with the same schema
+    (a tool the overlap filter now drops, or whose text changed, contributes nothing)."""
+    from services.compiler.derive import read_requests_file
+
+    by_hash = {t.schema_hash: t for t in tools.values()}
+    _, rows = read_requests_file(str(path))
+    return [Pair(f"derived/{by_hash[h].name}/{i}", q, by_hash[h].name)
+            for h, reqs in rows.items() if h in by_hash for i, q in enumerate(reqs)]
+
+
+def derive(tools: Sequence[Tool], path: str | Path, model: str = "", threads: int = 2,
+           progress: bool = True) -> int:
+    """Write (or complete: the file is appended tool by tool, a killed run resumes) the derived requests of
+    ``tools``; the generator is the installed one (models/gguf.json) unless ``model`` names a GGUF."""
+    from services.common.models import resolve_generator_gguf
+    from services.compiler.derive import RequestGenerator, derive_file
+
+    gen = RequestGenerator(str(resolve_generator_gguf(model)), threads=threads)
+    try:
+        return derive_file(list(tools), str(path), gen, progress=progress)
+    finally:
+        gen.close()
+
+
 # ----------------------------------------------------------------------------------------------------- training
 
 @dataclass(frozen=True)
@@ -439,6 +473,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "data/routing_augment); DESIGN §7's shipped recipe")
     ap.add_argument("--holdout-servers", default="",
                     help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
+    ap.add_argument("--derive", type=int, default=0, metavar="N",
+                    help="write derived requests for the first N Seal tools no request calls (into PUBLIC/"
+                         f"{SEAL_DERIVED}, resuming), then stop; no training")
+    ap.add_argument("--derive-model", default="", help="generator GGUF for --derive (default: the installed one)")
+    ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
     ap.add_argument("--no-resume", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -447,6 +486,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     pairs, tools, report = training_pairs(a.public, a.shipped, a.dropped or None)
     print(f"[public] {len(pairs)} pairs over {len({p.tool for p in pairs})} tools after dropping "
           f"{report['n_dropped']} tools ({report['by']}) in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
+    derived_path = Path(a.public) / SEAL_DERIVED
+    if a.derive:
+        todo = uncovered_tools(pairs, tools)
+        print(f"[public] {len(todo)} Seal tools have no request; deriving for the first {min(a.derive, len(todo))}"
+              f" into {derived_path}", file=sys.stderr, flush=True)
+        n = derive(todo[:a.derive], derived_path, a.derive_model, progress=not a.no_progress)
+        print(f"[public] {n} tools derived now", file=sys.stderr, flush=True)
+        return 0
+    if a.with_derived:
+        extra = load_derived_pairs(derived_path, tools)
+        pairs = [*pairs, *extra]
+        print(f"[public] + {len(extra)} derived pairs over {len({p.tool for p in extra})} tools",
+              file=sys.stderr, flush=True)
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
         shipped = load_shipped_tools(a.shipped)
@@ -462,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = train(pairs, tools, a.out, hp, base=a.base, progress=not a.no_progress, resume=not a.no_resume,
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
-                             "holdout_servers": a.holdout_servers})
+                             "holdout_servers": a.holdout_servers, "with_derived": a.with_derived})
     print(json.dumps(meta), flush=True)
     return 0
 

@@ -100,6 +100,24 @@ def test_the_shipped_pairs_hold_out_whole_servers():
     assert not public.load_shipped_pairs(public.SHIPPED_REQUESTS, [])  # unknown tools are skipped
 
 
+def test_derived_requests_cover_the_seal_tools_no_request_calls(tmp_path):
+    """--derive writes requests for the kept Seal tools without a request; --with-derived reads them back as pairs of
+    the tools still kept with the same schema (a changed or dropped tool contributes nothing)."""
+    pairs, tools, _ = public.training_pairs()
+    todo = public.uncovered_tools(pairs, tools)
+    covered = {p.tool for p in pairs}
+    assert todo and not covered & {t.name for t in todo} and len(todo) + len(covered) == len(tools)
+    a, b = todo[0], todo[1]
+    path = tmp_path / "derived.jsonl"
+    rows = [{"generator": {"fingerprint": "f"}}]
+    rows += [{"tool": a.name, "schema_hash": a.schema_hash, "requests": ["r1", "r2"]},
+             {"tool": b.name, "schema_hash": "not-its-hash", "requests": ["r3"]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = public.load_derived_pairs(path, tools)
+    assert [(p.request_id, p.query, p.tool) for p in got] == [(f"derived/{a.name}/0", "r1", a.name),
+                                                              (f"derived/{a.name}/1", "r2", a.name)]
+
+
 def test_a_gate_on_an_encoder_is_unseen_only_where_the_encoder_never_read_a_line(tmp_path):
     from evals.public import gate_protocol
 
