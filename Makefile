@@ -60,6 +60,10 @@ $(VENV)/.stamp-deps: requirements.txt pyproject.toml $(VENV)/.stamp-torch $(VENV
 	# xgrammar (bench/grammar.py) declares triton, a GPU compiler it does not use on CPU: installed without its
 	# dependencies, beside apache-tvm-ffi, the one it loads (pydantic, torch, transformers come from requirements.txt)
 	$(PIP) install -q --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2
+	# llama-cpp-python's own OpenAI-compatible server (python -m llama_cpp.server: the plain llama.cpp arm of
+	# bench/openai_front.py), bench only: its [server] extras beside fastapi, uvicorn, PyYAML (requirements.txt) and
+	# sse-starlette (mcp's), with pydantic-settings' python-dotenv
+	$(PIP) install -q --no-deps starlette-context==0.3.6 pydantic-settings==2.16.3 python-dotenv==1.2.2
 	$(PIP) install -q --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
 	touch $@
 

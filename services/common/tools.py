@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -31,9 +32,10 @@ class Tool:
             ensure_ascii=False,
         )
 
-    @property
+    @functools.cached_property
     def schema_hash(self) -> str:
-        """SHA-256 of the canonical JSON, hex."""
+        """SHA-256 of the canonical JSON, hex. Computed once per object (a tool is not changed once made: the
+        OpenAI front looks up the same request tools' hashes on every request)."""
         return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()
 
     def to_json(self) -> str:

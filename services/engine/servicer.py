@@ -19,6 +19,7 @@ from services.engine.engine import (
     Result,
     Token,
 )
+from services.engine.text import TextResult
 from services.runtime.prompt import Turn
 
 _PATH_TO_PB = {"text": engine_pb2.PREFILL_PATH_TEXT, PATH_SPLICE: engine_pb2.PREFILL_PATH_SPLICE}
@@ -40,6 +41,18 @@ def result_to_pb(r: Result) -> engine_pb2.GenerateResult:
         spliced_tokens=r.spliced_tokens, recomputed_tokens=r.recomputed_tokens,
         validation_kl=r.validation_kl, validation_top1=r.validation_top1,
     )
+
+
+def text_result_to_pb(r: TextResult) -> engine_pb2.GenerateResult:
+    """A text answer's summary: ``text`` set, no tool and no arguments."""
+    reason = "text answer: the conversation in the model's chat template, no tool"
+    if r.dropped_turns:
+        reason += f" ({r.dropped_turns} oldest turns left out to fit the context)"
+    return engine_pb2.GenerateResult(
+        text=r.text, truncated=r.truncated,
+        timings=engine_pb2.Timings(first_token_ms=r.first_token_ms, total_ms=r.total_ms, prefill_ms=r.prefill_ms),
+        prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, path=engine_pb2.PREFILL_PATH_TEXT,
+        path_reason=reason)
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -66,8 +79,11 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
                 return
             try:
-                for ev in self.engine.generate(request.query, request.tool, history, max_tokens,
-                                               fidelity=fidelity, prefill=prefill, validate=validate):
+                # no tool: a text answer over the conversation (services/engine/text.py)
+                events = (self.engine.generate(request.query, request.tool, history, max_tokens, fidelity=fidelity,
+                                               prefill=prefill, validate=validate) if request.tool else
+                          self.engine.generate_text(request.query, history, max_tokens))
+                for ev in events:
                     loop.call_soon_threadsafe(queue.put_nowait, ev)
                     if cancelled.is_set():  # client went away: stop sampling, free the context
                         break
@@ -96,6 +112,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     if ev.validation_top1 is not None:
                         self.metrics.splice_validations.labels("agree" if ev.validation_top1 else "fallback").inc()
                     yield engine_pb2.GenerateResponse(result=result_to_pb(ev))
+                elif isinstance(ev, TextResult):
+                    self.metrics.ttft_ms.observe(ev.first_token_ms)
+                    yield engine_pb2.GenerateResponse(result=text_result_to_pb(ev))
         finally:
             cancelled.set()
             await worker

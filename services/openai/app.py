@@ -182,21 +182,19 @@ def create_app(config: OpenAIConfig, service: ChatService, *, token: str | None,
 
 async def _stream(req: ChatRequest, head: Answer, first: str | Answer, events: AsyncIterator[str | Answer],
                   slots: Concurrency) -> AsyncIterator[bytes]:
-    """OpenAI's chunks: the call's id and name (or the text), the arguments in pieces, the finish, the usage when
-    asked for, then ``data: [DONE]``. An error after the first byte is sent as an ``error`` event."""
+    """OpenAI's chunks: the call's id and name (or the role of a text answer), the arguments (or the text) in pieces,
+    the finish, the usage when asked for, then ``data: [DONE]``. An error after the first byte is sent as an
+    ``error`` event."""
     try:
-        if head.tool:
-            yield sse(protocol.call_start_chunk(head))
+        yield sse(protocol.call_start_chunk(head) if head.tool else protocol.text_start_chunk(head))
         ev = first
         while True:
             if isinstance(ev, Answer):
-                if not ev.tool:
-                    yield sse(protocol.text_chunk(ev, ev.text))
                 yield sse(protocol.finish_chunk(ev))
                 if req.include_usage:
                     yield sse(protocol.usage_chunk(ev))
                 break
-            yield sse(protocol.arguments_chunk(head, ev))
+            yield sse(protocol.arguments_chunk(head, ev) if head.tool else protocol.text_chunk(head, ev))
             ev = await anext(events)
         yield b"data: [DONE]\n\n"
     except NexusError as e:

@@ -60,6 +60,9 @@ class Generated:
     schema_valid: bool
     first_token_ms: float
     total_ms: float
+    # a text answer (no tool): the text, and whether it stopped at max_tokens
+    text: str = ""
+    truncated: bool = False
 
 
 def _error(e: grpc.aio.AioRpcError, service: str) -> NexusError:
@@ -167,8 +170,9 @@ class Backend:
     # -- engine -------------------------------------------------------------------------------------------
     async def generate(self, query: str, tool: str, history: Sequence[tuple[str, str]],
                        max_tokens: int | None) -> AsyncIterator[str | Generated]:
-        """The argument text in pieces as sampled, then one ``Generated``. Cancelling the iteration cancels the
-        call (the engine then stops sampling)."""
+        """The argument text in pieces as sampled, then one ``Generated``; ``tool`` empty: a text answer to the
+        conversation (``history`` then ``query``), in pieces, then ``Generated`` with its ``text``. Cancelling the
+        iteration cancels the call (the engine then stops sampling)."""
         call = self.engine.Generate(
             engine_pb2.GenerateRequest(query=query, tool=tool, history=_turns(history), max_tokens=max_tokens),
             timeout=self.config.generate_timeout_s, metadata=self._metadata)
@@ -181,7 +185,7 @@ class Backend:
                     yield Generated(r.arguments_json, r.prompt_tokens, r.completion_tokens, r.spliced_tokens,
                                     r.recomputed_tokens, engine_pb2.PrefillPath.Name(r.path).removeprefix(
                                         "PREFILL_PATH_").lower(), r.path_reason, r.schema_valid,
-                                    r.timings.first_token_ms, r.timings.total_ms)
+                                    r.timings.first_token_ms, r.timings.total_ms, r.text, r.truncated)
                 else:
                     yield msg.token
         except grpc.aio.AioRpcError as e:

@@ -1,7 +1,9 @@
-"""One chat-completions turn over the cluster: register the request's tools, route among them, generate the call.
+"""One chat-completions turn over the cluster: register the request's tools, route among them, generate the call, or
+answer in text.
 
 ``ChatService.prepare`` does everything before the first generated token (tool registration, routing) and returns
-a ``Turn``; ``Turn.events`` streams the arguments as the engine samples them and ends with the whole ``Answer``.
+a ``Turn``; ``Turn.events`` streams the arguments (or the text: a Generate without a tool, over the whole
+conversation) as the engine samples them and ends with the whole ``Answer``.
 The HTTP adapter (services/openai/app.py) turns both into OpenAI JSON or server-sent events. No HTTP here.
 
 Routing is restricted to the request's own tools: Route's ``allowed_tools`` is the registered names of the tools the
@@ -51,9 +53,9 @@ class ChatService:
         t0 = time.perf_counter()
         p = plan(req)
         base = Answer(model=req.model)
+        max_tokens = None if req.max_tokens is None else min(req.max_tokens, self.config.max_tokens_limit)
         if p.kind == "text":
-            return Turn(replace(base, text=p.text, info={"answer": "text", "text_source": (
-                "tool_result" if p.text and req.messages[-1].role == "tool" else "none")}), p)
+            return Turn(replace(base, info={"answer": "text", "reason": p.reason}), p, max_tokens=max_tokens)
         tools = [t for t in req.tools if t.name in set(p.candidates)]
         res = await self.book.resolve(req.tools)
         info: dict[str, Any] = {"tools": len(req.tools), "tools_registered": res.registered,
@@ -67,7 +69,6 @@ class ChatService:
         info.update({"route": how, "tool": chosen, "registered_as": res.names[chosen],
                      "prepare_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         answer = replace(base, tool=chosen, call_id=call_id(), info=info)
-        max_tokens = None if req.max_tokens is None else min(req.max_tokens, self.config.max_tokens_limit)
         return Turn(answer, p, res.names[chosen], max_tokens)
 
     async def _route(self, req: ChatRequest, p: Plan, tools: list[Tool],
@@ -97,14 +98,12 @@ class ChatService:
         raise AssertionError("unreachable")
 
     async def events(self, turn: Turn) -> AsyncIterator[str | Answer]:
-        """The argument text in pieces, then the finished ``Answer`` (for a text turn: only the ``Answer``)."""
-        if not turn.is_call:
-            yield turn.answer
-            return
+        """The argument text (or the answer's text) in pieces, then the finished ``Answer``."""
         p = turn.plan
         result: Generated | None = None
         leading = True
         try:
+            # a text turn has no registered tool: Generate then answers the conversation in text
             async for ev in self.backend.generate(p.query, turn.registered_tool, p.history, turn.max_tokens):
                 if isinstance(ev, Generated):
                     result = ev
@@ -116,6 +115,8 @@ class ChatService:
                     leading = False
                 yield ev
         except NotFound as e:
+            if not turn.is_call:
+                raise
             # the tool left the registry after it was resolved (another client removed it): not the caller's
             # mistake; the view is re-read, so a retry registers it again
             self.book.invalidate()
@@ -125,6 +126,9 @@ class ChatService:
         usage = Usage(result.prompt_tokens, result.completion_tokens,
                       max(0, result.spliced_tokens - result.recomputed_tokens))
         info = {**turn.answer.info, "prefill_path": result.path, "path_reason": result.path_reason,
-                "schema_valid": result.schema_valid, "generate_ms": round(result.total_ms, 2),
-                "first_token_ms": round(result.first_token_ms, 2)}
+                "generate_ms": round(result.total_ms, 2), "first_token_ms": round(result.first_token_ms, 2)}
+        if not turn.is_call:
+            yield replace(turn.answer, text=result.text, truncated=result.truncated, usage=usage, info=info)
+            return
+        info["schema_valid"] = result.schema_valid
         yield replace(turn.answer, arguments=result.arguments_json, usage=usage, info=info)

@@ -2,7 +2,8 @@
 
 ``parse_request`` turns a decoded request body into a ``ChatRequest`` (raising ``InvalidArgument`` / ``NotFound``
 whose ``param`` attribute names the offending field, as OpenAI's error body does); ``plan`` decides what the
-answer is (a routed tool call, a named tool call, or text); the ``completion`` / ``*_chunk`` builders write the
+answer is (a routed tool call, a named tool call, or a text answer the engine generates without a tool, over the
+whole conversation); the ``completion`` / ``*_chunk`` builders write the
 answer back in OpenAI's shapes. Fields the request may carry but Nexus cannot honour are accepted and ignored, as
 OpenAI-compatible servers do (``IGNORED_FIELDS``); unknown fields are ignored too."""
 
@@ -24,9 +25,6 @@ CHOICES = ("auto", "none", "required")
 IGNORED_FIELDS = ("temperature", "top_p", "seed", "parallel_tool_calls", "stop", "presence_penalty",
                   "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "response_format", "user",
                   "metadata", "store", "service_tier", "reasoning_effort", "prediction", "modalities", "audio")
-# What a text turn says when there is no tool result to hand back: the engine generates tool calls only.
-NO_TEXT_MODEL = ("Nexus serves tool calls only: it has no text model, so this turn (tool_choice \"none\", or no "
-                 "tools) gets no generated answer.")
 
 
 def invalid(param: str | None, message: str) -> InvalidArgument:
@@ -81,13 +79,15 @@ class ChatRequest:
 @dataclass(frozen=True)
 class Plan:
     """What the answer is. ``kind``: "call" (route among ``candidates``, or the single one, then generate) or
-    "text". ``query`` / ``history``: the last user turn and the other turns as (role, content), oldest first."""
+    "text" (the engine answers the conversation in text, no tool; ``reason`` says why). ``query`` / ``history``:
+    the last user turn and the other turns as (role, content), oldest first; for a call the system prompts are left
+    out, for text they are kept and ``query`` is empty when the conversation ends with a tool result."""
 
     kind: str
     query: str = ""
     history: tuple[tuple[str, str], ...] = ()
     candidates: tuple[str, ...] = ()
-    text: str = ""
+    reason: str = ""
 
 
 # -- request ------------------------------------------------------------------------------------------------
@@ -312,26 +312,25 @@ def trailing_tool_results(messages: tuple[Message, ...]) -> list[Message]:
     return out[::-1]
 
 
-def text_reply(req: ChatRequest) -> str:
-    """The text of a text turn. The engine generates tool calls only, so this is the smallest honest answer: the
-    tool result(s) the conversation ends with, handed back verbatim (an agent loop then ends with the tool's
-    output), else ``NO_TEXT_MODEL``."""
-    results = trailing_tool_results(req.messages)
-    if not results:
-        return NO_TEXT_MODEL
-    if len(results) == 1:
-        return results[0].content
-    names = {c.id: c.name for m in req.messages for c in m.tool_calls}
-    return "\n".join(f"{names.get(r.tool_call_id, r.name) or 'tool'}: {r.content}" for r in results)
+def text_plan(req: ChatRequest, reason: str) -> Plan:
+    """A text answer over the whole conversation: every message a (role, content) turn, system prompts included,
+    the last one the query when it is the user's."""
+    msgs = [m for m in req.messages if m.content.strip() or m.tool_calls]
+    query = msgs[-1].content if msgs[-1].role == "user" else ""
+    rest = msgs[:-1] if query else msgs
+    return Plan("text", query=query, history=tuple(_turn(m) for m in rest), reason=reason)
 
 
 def plan(req: ChatRequest) -> Plan:
-    """Text for ``none`` / no tools / ``auto`` after a tool result; else a call among the allowed tools."""
+    """Text for ``none`` / no tools / ``auto`` after a tool result; else a call among the allowed tools. (The
+    router has no "no tool fits" verdict: ``auto`` on a user turn always calls a tool.)"""
     choice = req.tool_choice
-    if choice.mode == "none" or not req.tools:
-        return Plan("text", text=text_reply(req))
+    if choice.mode == "none":
+        return text_plan(req, "tool_choice none")
+    if not req.tools:
+        return text_plan(req, "no tools")
     if choice.mode in ("auto",) and trailing_tool_results(req.messages):
-        return Plan("text", text=text_reply(req))
+        return text_plan(req, "after a tool result")
     last_user = max(i for i, m in enumerate(req.messages) if m.role == "user" and m.content.strip())
     history = tuple(_turn(m) for i, m in enumerate(req.messages)
                     if i != last_user and m.role not in ("system", "developer") and (m.content or m.tool_calls))
@@ -372,13 +371,15 @@ class Answer:
     call_id: str = ""
     arguments: str = ""
     text: str = ""
+    # a text answer that stopped at max_tokens rather than at the model's end of turn
+    truncated: bool = False
     usage: Usage = Usage()
     # what Nexus did (route, prefill path, timings): returned under the non-standard "nexus" key
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finish_reason(self) -> str:
-        return "tool_calls" if self.tool else "stop"
+        return "tool_calls" if self.tool else "length" if self.truncated else "stop"
 
 
 def completion(a: Answer) -> dict[str, Any]:
@@ -410,8 +411,13 @@ def arguments_chunk(a: Answer, piece: str) -> dict[str, Any]:
     return _chunk(a, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
 
 
+def text_start_chunk(a: Answer) -> dict[str, Any]:
+    """The first chunk of a streamed text answer: the role, no text yet."""
+    return _chunk(a, {"role": "assistant", "content": ""})
+
+
 def text_chunk(a: Answer, text: str) -> dict[str, Any]:
-    return _chunk(a, {"role": "assistant", "content": text})
+    return _chunk(a, {"content": text})
 
 
 def finish_chunk(a: Answer) -> dict[str, Any]:

@@ -103,17 +103,24 @@ def test_tool_choice_forms():
     assert plan(parse({"model": "nexus", "messages": user("x")})).kind == "text"  # no tools: text
 
 
-def test_a_text_turn_hands_back_the_tool_result_or_says_there_is_no_text_model():
-    convo = [{"role": "user", "content": "weather in Oslo?"},
+def test_a_text_turn_carries_the_whole_conversation_to_the_engine():
+    convo = [{"role": "system", "content": "Answer in one sentence."},
+             {"role": "user", "content": "weather in Oslo?"},
              {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
                                                    "function": {"name": "get_weather", "arguments": "{}"}}]},
              {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}]
     auto = plan(parse({"model": "nexus", "messages": convo, "tools": TOOLS}))
-    assert auto.kind == "text" and auto.text == "sunny, 21 C"
+    # after a tool result: no user turn left to answer, the whole conversation (system prompt kept) is the history
+    assert auto.kind == "text" and auto.reason == "after a tool result" and auto.query == ""
+    assert auto.history == (("system", "Answer in one sentence."), ("user", "weather in Oslo?"),
+                            ("assistant", "Called get_weather({})"), ("tool", "sunny, 21 C"))
     # required after a tool result: another call
     assert plan(parse({"model": "nexus", "messages": convo, "tools": TOOLS, "tool_choice": "required"})).kind == "call"
-    none = plan(parse({"model": "nexus", "messages": user("hi"), "tools": TOOLS, "tool_choice": "none"}))
-    assert none.text == protocol.NO_TEXT_MODEL
+    none = plan(parse({"model": "nexus", "messages": convo + user("and tomorrow?"), "tools": TOOLS,
+                       "tool_choice": "none"}))
+    assert (none.kind, none.reason, none.query) == ("text", "tool_choice none", "and tomorrow?")
+    assert none.history == auto.history
+    assert plan(parse({"model": "nexus", "messages": user("hi")})).reason == "no tools"
 
 
 @pytest.mark.parametrize("body, param", [
@@ -175,6 +182,15 @@ def test_answers_validate_as_the_openai_client_types():
     assert c.model_extra["nexus"] == {"route": "routed"}
     text = ChatCompletion.model_validate(protocol.completion(Answer(model="nexus", text="hello")))
     assert text.choices[0].finish_reason == "stop" and text.choices[0].message.content == "hello"
+    cut = ChatCompletion.model_validate(protocol.completion(Answer(model="nexus", text="hel", truncated=True)))
+    assert cut.choices[0].finish_reason == "length"
+    words = Answer(model="nexus", text="hello")
+    streamed = [ChatCompletionChunk.model_validate(ch) for ch in (
+        protocol.text_start_chunk(words), protocol.text_chunk(words, "hel"), protocol.text_chunk(words, "lo"),
+        protocol.finish_chunk(words))]
+    assert streamed[0].choices[0].delta.role == "assistant" and streamed[0].choices[0].delta.content == ""
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == "hello"
+    assert streamed[-1].choices[0].finish_reason == "stop"
     chunks = [protocol.call_start_chunk(call), protocol.arguments_chunk(call, '{"city"'),
               protocol.finish_chunk(call), protocol.usage_chunk(call)]
     parsed = [ChatCompletionChunk.model_validate(ch) for ch in chunks]
@@ -391,26 +407,80 @@ def test_named_and_required_tool_choice(client):
     assert name == "create_calendar_event" and args["date"] == "2026-03-14"
 
 
-@pytest.mark.integration
-def test_tool_choice_none_answers_text(client):
-    r = client.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS, tool_choice="none")
-    choice = r.choices[0]
-    assert choice.finish_reason == "stop" and not choice.message.tool_calls
-    assert choice.message.content == protocol.NO_TEXT_MODEL
+def the_text(completion, finish_reason="stop") -> str:
+    """A text answer the engine generated: no call, text content, the usage of a real generation."""
+    choice = completion.choices[0]
+    assert choice.finish_reason == finish_reason and not choice.message.tool_calls
+    assert isinstance(choice.message.content, str) and choice.message.content.strip()
+    info = completion.model_extra["nexus"]
+    assert info["answer"] == "text" and info["prefill_path"] == "text" and "route" not in info
+    assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
+    return choice.message.content
+
+
+# a system prompt under which greedy SmolLM2-135M ends its answer to WEATHER_Q (without it, it runs on to max_tokens)
+BRIEF = [{"role": "system", "content": "Answer in one short sentence."}]
 
 
 @pytest.mark.integration
-def test_a_tool_result_turn_answers_text_then_required_calls_again(client):
+def test_tool_choice_none_answers_in_generated_text(client):
+    r = client.chat.completions.create(model="nexus", messages=BRIEF + user(WEATHER_Q), tools=TOOLS,
+                                       tool_choice="none")
+    text = the_text(r)
+    assert r.model_extra["nexus"]["reason"] == "tool_choice none"
+    # no tools at all: the same prompt (tools never reach a text answer's prompt), greedy: the same text
+    bare = client.chat.completions.create(model="nexus", messages=BRIEF + user(WEATHER_Q))
+    assert the_text(bare) == text and bare.model_extra["nexus"]["reason"] == "no tools"
+    assert bare.usage == r.usage
+    # the system prompt is the model's: without it, another prompt and another answer
+    plain = client.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS,
+                                           tool_choice="none", max_tokens=32)
+    assert the_text(plain, plain.choices[0].finish_reason) != text
+    assert plain.usage.prompt_tokens != r.usage.prompt_tokens
+
+
+@pytest.mark.integration
+def test_a_tool_result_turn_answers_in_text_then_required_calls_again(client):
     first = client.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS)
     call = first.choices[0].message.tool_calls[0]
     convo = user(WEATHER_Q) + [first.choices[0].message.model_dump(exclude_none=True),
                                {"role": "tool", "tool_call_id": call.id, "content": "Paris: sunny, 24 C"}]
     r = client.chat.completions.create(model="nexus", messages=convo, tools=TOOLS)
-    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "Paris: sunny, 24 C"
-    convo += [{"role": "assistant", "content": "Paris: sunny, 24 C"},
+    text = the_text(r)
+    assert r.model_extra["nexus"]["reason"] == "after a tool result"
+    # the model read the call and its result: a longer prompt than the question alone
+    alone = client.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS, tool_choice="none",
+                                           max_tokens=1)
+    assert r.usage.prompt_tokens > alone.usage.prompt_tokens + 10
+    convo += [{"role": "assistant", "content": text},
               {"role": "user", "content": "Email that forecast to tom@example.com with subject Weather"}]
     name, args = the_call(client.chat.completions.create(model="nexus", messages=convo, tools=TOOLS))
-    assert name == "send_email" and args["to"] == "tom@example.com"
+    # (how well the 135M model copies the address after the model's own sentence is the argument benchmark's)
+    assert name == "send_email" and args["to"].startswith("tom")
+
+
+@pytest.mark.integration
+def test_a_text_answer_streams_in_content_chunks(client):
+    whole = client.chat.completions.create(model="nexus", messages=BRIEF + user(WEATHER_Q), tools=TOOLS,
+                                           tool_choice="none")
+    stream = client.chat.completions.create(model="nexus", messages=BRIEF + user(WEATHER_Q), tools=TOOLS,
+                                            tool_choice="none", stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant" and not chunks[0].choices[0].delta.content
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 2  # in pieces, as sampled
+    assert "".join(pieces).strip() == whole.choices[0].message.content
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len({c.id for c in chunks}) == 1
+
+
+@pytest.mark.integration
+def test_a_text_answer_cut_at_max_tokens_finishes_with_length(client):
+    r = client.chat.completions.create(model="nexus", messages=user(WEATHER_Q), max_tokens=3)
+    the_text(r, finish_reason="length")
+    assert r.usage.completion_tokens == 3
 
 
 @pytest.mark.integration
@@ -434,13 +504,15 @@ def test_streaming_a_call_in_openai_chunks(client):
 
 @pytest.mark.integration
 def test_the_stream_ends_with_done_and_a_text_turn_streams_too(front):
-    body = {"model": "nexus", "messages": user(WEATHER_Q), "tools": TOOLS, "tool_choice": "none", "stream": True}
+    body = {"model": "nexus", "messages": BRIEF + user(WEATHER_Q), "tools": TOOLS, "tool_choice": "none",
+            "stream": True}
     with httpx.stream("POST", f"http://{front.addr}/v1/chat/completions", json=body, timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"]["content"] == protocol.NO_TEXT_MODEL
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-1]).strip()
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
