@@ -189,6 +189,7 @@ eval-public: setup  ## the headline routing figure: shipped tools as unseen -> r
 
 eval: setup eval-public  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
 	$(PY) bench/routing_metatool.py --json reports/routing_metatool.json
+	$(PY) bench/no_tool_fits.py --json reports/no_tool_fits.json
 	$(VENV)/bin/nexus eval routing --protocol unseen --no-gate-arm --queries $(QUERIES) --tools $(TOOLS) --draws 3 \
 		--json reports/routing_unseen.json
 	$(VENV)/bin/nexus eval routing --queries $(QUERIES) --tools $(TOOLS) --draws 3 --json reports/routing.json

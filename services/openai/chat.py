@@ -23,7 +23,7 @@ from services.common.errors import NotFound, Unavailable
 from services.common.tools import Tool
 from services.openai.backend import Backend, Generated, Routed
 from services.openai.config import OpenAIConfig
-from services.openai.protocol import Answer, ChatRequest, Plan, Usage, call_id, plan
+from services.openai.protocol import Answer, ChatRequest, Plan, Usage, call_id, plan, text_plan
 from services.openai.toolbook import Resolution, ToolBook
 
 log = logging.getLogger("nexus.openai")
@@ -60,12 +60,18 @@ class ChatService:
         res = await self.book.resolve(req.tools)
         info: dict[str, Any] = {"tools": len(req.tools), "tools_registered": res.registered,
                                 "register_ms": round((time.perf_counter() - t0) * 1e3, 2)}
-        if len(tools) == 1:
+        gated = req.tool_choice.mode == "auto" and self.config.min_tool_score > 0
+        if len(tools) == 1 and not gated:
             chosen, how = tools[0].name, "named" if req.tool_choice.mode == "named" else "single"
         else:
             chosen, how, routed, res = await self._route(req, p, tools, res)
             info.update({"route_ms": round(routed.route_ms, 3), "score": routed.score, "margin": routed.margin,
                          "gate": routed.gate, "registry_version": routed.registry_version})
+            if gated and routed.score < self.config.min_tool_score:
+                tp = text_plan(req, f"no tool fits: the routed tool scores {routed.score:.3f} < min_tool_score "
+                                    f"{self.config.min_tool_score:g}")
+                return Turn(replace(base, info={**info, "answer": "text", "reason": tp.reason}), tp,
+                            max_tokens=max_tokens)
         info.update({"route": how, "tool": chosen, "registered_as": res.names[chosen],
                      "prepare_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         answer = replace(base, tool=chosen, call_id=call_id(), info=info)

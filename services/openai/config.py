@@ -47,6 +47,12 @@ class OpenAIConfig(TransportSecurity):
     max_tokens_limit: int = 2048
     # Requests in flight at once; more are refused 429 at once rather than queued behind the engine's one turn lock.
     max_concurrent: int = 64
+    # With tool_choice "auto", a request whose routed tool scores below this is answered in text (no tool fits); 0 =
+    # off, every user turn calls a tool. Off by default: on requests for tools that are not registered the router's
+    # score tells them apart poorly (AUC 0.74): the threshold that sends 2 % of fitting MetaTool requests to text
+    # (0.245) catches 7.5 % of non-fitting ones, on the shipped tools 1.4 % and 7.6 % (bench/no_tool_fits.py;
+    # reports/no_tool_fits.json has the curve to choose from).
+    min_tool_score: float = 0.0
     # deadline of one Route (and ListTools) call
     route_timeout_s: float = 30.0
     # deadline of one RegisterTools call (the request's new tools: their routing artifacts, signature and grammar;

@@ -323,7 +323,7 @@ def text_plan(req: ChatRequest, reason: str) -> Plan:
 
 def plan(req: ChatRequest) -> Plan:
     """Text for ``none`` / no tools / ``auto`` after a tool result; else a call among the allowed tools. (The
-    router has no "no tool fits" verdict: ``auto`` on a user turn always calls a tool.)"""
+    front answers in text when the routed tool scores below ``min_tool_score``, services/openai/chat.py.)"""
     choice = req.tool_choice
     if choice.mode == "none":
         return text_plan(req, "tool_choice none")

@@ -621,3 +621,23 @@ def test_a_flag_of_another_service_is_a_config_error():
     out = subprocess.run([sys.executable, "-m", "services.openai", "--store", "var/store"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "store_url" in out.stderr
+
+
+@pytest.mark.integration
+def test_auto_answers_in_text_when_no_tool_scores_the_minimum(cluster):
+    """min_tool_score: with "auto", a request whose routed tool scores below it gets text (the score and the reason
+    in the answer's nexus info); "required" still calls a tool. Scores are cosines: 10 is never reached."""
+    server = start_front(cluster, min_tool_score=10.0)
+    try:
+        with openai.OpenAI(base_url=f"http://{server.addr}/v1", api_key="-", max_retries=0, timeout=600) as c:
+            r = c.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS, max_tokens=16)
+            the_text(r, r.choices[0].finish_reason)
+            info = r.model_extra["nexus"]
+            assert info["reason"].startswith("no tool fits: the routed tool scores") and info["score"] < 10
+            one = c.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS[:1], max_tokens=16)
+            assert one.model_extra["nexus"]["reason"].startswith("no tool fits")  # one tool is routed too
+            req = c.chat.completions.create(model="nexus", messages=user(WEATHER_Q), tools=TOOLS,
+                                            tool_choice="required")
+            the_call(req)
+    finally:
+        server.stop()
