@@ -78,6 +78,8 @@ class GenerateResult:
     spliced_tokens: int = 0
     recomputed_tokens: int = 0
     recompute_fraction: float | None = None
+    text: str = ""  # a text answer (``generate`` with tool ""): the model's reply
+    truncated: bool = False  # the text answer stopped at max_tokens
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,8 @@ class NexusClient:
 
     def generate(self, query: str, tool: str, history: Sequence[dict] = (), max_tokens: int | None = None,
                  timeout_s: float | None = None, **options) -> GenerateResult:
-        """``options``: ``prefill``, ``fidelity``, ``validate`` as for ``generate_stream``."""
+        """``options``: ``prefill``, ``fidelity``, ``validate`` as for ``generate_stream``. ``tool`` "": a text
+        answer to the conversation (``GenerateResult.text``), no tool."""
         final = None
         for msg in self.generate_stream(query, tool, history, max_tokens, timeout_s, **options):
             if msg.HasField("result"):
@@ -197,6 +200,7 @@ class NexusClient:
             engine_pb2.PrefillPath.Name(final.path), final.path_reason, final.schema_valid,
             final.spliced_tokens, final.recomputed_tokens,
             final.recompute_fraction if final.HasField("recompute_fraction") else None,
+            final.text, final.truncated,
         )
 
     # -- compiler -----------------------------------------------------------------------------

@@ -148,3 +148,9 @@ def test_registration_names_what_the_grammar_cannot_enforce(cluster):
         assert res.schema_valid == valid
     finally:
         client.remove(["tag_llamas", "plain_llama"])
+
+
+def test_the_client_gets_a_text_answer_without_a_tool(cluster):
+    res = cluster["client"].generate("Say hello to the team in one short sentence.", tool="", max_tokens=24)
+    assert res.tool == "" and res.arguments_json == "" and res.text.strip()
+    assert 0 < res.completion_tokens <= 24 and (not res.truncated or res.completion_tokens == 24)
