@@ -201,11 +201,11 @@ def compile_grammar(tool: Tool) -> CompiledGrammar:
 
     schema, left_out = schema_for_matcher(tool)
     error = ""
-    for attempt in (schema, _drop(schema, "pattern")):
-        text = grammar_text(attempt)
+    for dropped in ([], ["pattern"]):  # the copy without patterns only when the schema as it is fails
+        text = grammar_text(_drop(schema, "pattern") if dropped else schema)
         failed, warnings = LLMatcher.validate_grammar_with_warnings(text)
         if not failed:
-            unchecked = left_out + _unchecked(warnings) + (["pattern"] if attempt is not schema else [])
+            unchecked = left_out + _unchecked(warnings) + dropped
             return CompiledGrammar(text=text, fallback=False, unchecked=tuple(dict.fromkeys(unchecked)))
         error = error or "; ".join(warnings)
     log.warning("grammar fallback", extra={"tool": tool.name, "error": error[:300]})
