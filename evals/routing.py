@@ -139,14 +139,13 @@ class Protocol:
 
 def add_protocol_args(ap, sizes: str = "10,250,all", calibration: bool = False, draws: int = 0,
                       folds: str = "0,1,2") -> None:
-    """The arguments every one-fold routing bench shares: the evaluation's data (the shared query file and registry
-    beside the checkout), sizes and the gate-model cache; with ``calibration``, the held-out calibration lines
+    """The arguments every one-fold routing bench shares: the evaluation's data (the query file and registry in the
+    checkout's data/), sizes and the gate-model cache; with ``calibration``, the held-out calibration lines
     (``data/routing_calibration``) the bench chooses its parameters on; with ``draws`` > 0 (the float benches of
     ``routing_models.float_bench``), ``--folds`` (default ``folds``) and ``--draws`` (default ``draws``)."""
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
     data = Path(__file__).resolve().parents[1] / "data"
-    ap.add_argument("--queries", default=str(shared / "queries" / "train.jsonl"))
-    ap.add_argument("--tools", default=str(shared / "mcp_tools"))
+    ap.add_argument("--queries", default=str(data / "queries" / "train.jsonl"))
+    ap.add_argument("--tools", default=str(data / "mcp_tools"))
     ap.add_argument("--augment", default=str(data / "routing_augment"))
     if calibration:
         ap.add_argument("--calibration", default=str(data / "routing_calibration"))
