@@ -122,7 +122,7 @@ def parse_requests(reply: str, tool: Tool, n: int) -> list[str]:
         m = _NUMBERED.match(line)
         if not m:
             continue
-        text = m.group(1).strip().strip('"').strip("“”").strip()
+        text = _unquote(m.group(1).strip())
         text = re.sub(r"^\*\*[^*]*\*\*:?\s*", "", text)  # a bold "**Question:**" lead-in
         text = _unname(text, tool.name)
         if len(text.split()) < 3:
@@ -135,6 +135,15 @@ def parse_requests(reply: str, tool: Tool, n: int) -> list[str]:
         if len(out) >= n:
             break
     return out
+
+
+def _unquote(text: str) -> str:
+    """``text`` without one pair of quotes around the whole of it; a quote that closes a value inside the request
+    (``Echo "hi"``) stays."""
+    for left, right in (('"', '"'), ("“", "”")):
+        if len(text) > 1 and text[0] == left and text[-1] == right:
+            return text[1:-1].strip()
+    return text
 
 
 def _unname(text: str, name: str) -> str:

@@ -43,6 +43,13 @@ def test_a_reply_is_parsed_into_requests_without_the_tools_name():
     assert derive.parse_requests("no list here", TOOL, 5) == []
 
 
+def test_quotes_inside_a_request_are_kept_and_only_a_wrapping_pair_is_removed():
+    reply = ('1. Echo "Hello, world!"\n2. "Refund order "A-1" today"\n3. \u201cRefund order 9 please\u201d\n'
+             '4. "Refund order 12 now"')
+    assert derive.parse_requests(reply, TOOL, 8) == ['Echo "Hello, world!"', 'Refund order "A-1" today',
+                                                      "Refund order 9 please", "Refund order 12 now"]
+
+
 def test_the_content_address_is_the_schema_and_the_generator():
     fp = derive.generator_fingerprint("a" * 64)
     assert fp != derive.generator_fingerprint("b" * 64)
