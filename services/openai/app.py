@@ -1,6 +1,6 @@
 """The HTTP adapter: OpenAI's /v1/chat/completions and /v1/models over ``ChatService``, and /health.
 
-Thin, like the gRPC servicers: body in -> ``protocol.parse_request`` -> ``ChatService`` -> ``protocol`` builders
+Thin, like the gRPC servicers: body in -> ``protocol.parse_body`` -> ``ChatService`` -> ``protocol`` builders
 -> JSON or server-sent events. Every error leaves as OpenAI's error body ``{"error": {message, type, param, code}}``
 with the status its ``NexusError`` class maps to (``HTTP_STATUS``): a caller's mistake is a 4xx, never a 500."""
 
@@ -130,7 +130,7 @@ def create_app(config: OpenAIConfig, service: ChatService, *, token: str | None,
                                        f"{config.model_name!r}", "invalid_request_error", "model", "model_not_found")
         return JSONResponse(protocol.model_card(config.model_name, created))
 
-    async def read_body(request: Request) -> Any:
+    async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > config.max_body_bytes:
             raise protocol.invalid(None, f"the request body is {declared} bytes; the limit is {config.max_body_bytes}")
@@ -140,10 +140,7 @@ def create_app(config: OpenAIConfig, service: ChatService, *, token: str | None,
             if size > config.max_body_bytes:
                 raise protocol.invalid(None, f"the request body exceeds {config.max_body_bytes} bytes")
             chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise protocol.invalid(None, f"the request body is not valid JSON: {e}") from e
+        return b"".join(chunks)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -154,7 +151,7 @@ def create_app(config: OpenAIConfig, service: ChatService, *, token: str | None,
                                        "retry", "rate_limit_error", code="saturated", headers={"Retry-After": "1"})
         release = True
         try:
-            req = protocol.parse_request(await read_body(request), model_name=config.model_name,
+            req = protocol.parse_body(await read_body(request), model_name=config.model_name,
                                          max_messages=config.max_messages, max_tools=config.max_tools)
             turn = await service.prepare(req)
             events = service.events(turn)

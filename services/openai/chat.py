@@ -56,7 +56,8 @@ class ChatService:
         max_tokens = None if req.max_tokens is None else min(req.max_tokens, self.config.max_tokens_limit)
         if p.kind == "text":
             return Turn(replace(base, info={"answer": "text", "reason": p.reason}), p, max_tokens=max_tokens)
-        tools = [t for t in req.tools if t.name in set(p.candidates)]
+        candidates = set(p.candidates)
+        tools = [t for t in req.tools if t.name in candidates]
         res = await self.book.resolve(req.tools)
         info: dict[str, Any] = {"tools": len(req.tools), "tools_registered": res.registered,
                                 "register_ms": round((time.perf_counter() - t0) * 1e3, 2)}

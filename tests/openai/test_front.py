@@ -20,7 +20,7 @@ from services.openai import protocol
 from services.openai.app import HTTP_STATUS, create_app
 from services.openai.backend import RegisteredTool, Registry
 from services.openai.config import OpenAIConfig
-from services.openai.protocol import Answer, Usage, parse_request, plan
+from services.openai.protocol import Answer, Usage, parse_body, parse_request, plan
 from services.openai.toolbook import ToolBook, alias_name, renamed
 from tests.conftest import ServerThread, free_port
 
@@ -50,7 +50,10 @@ def user(text: str) -> list[dict]:
 
 
 def parse(body: dict, **kw):
-    return parse_request(body, model_name="nexus", **kw)
+    """Through the HTTP path (the body's bytes), checked against the decoded-dict path."""
+    req = parse_body(json.dumps(body).encode(), model_name="nexus", **kw)
+    assert req == parse_request(body, model_name="nexus", **kw)
+    return req
 
 
 def schema_of(tool: dict) -> dict:
@@ -168,6 +171,38 @@ def test_limits_on_messages_and_tools():
         parse({"model": "nexus", "messages": user("x") * 3}, max_messages=2)
     with pytest.raises(InvalidArgument, match="at most 2"):
         parse({"model": "nexus", "messages": user("x"), "tools": TOOLS}, max_tools=2)
+
+
+def test_the_same_tools_bytes_reuse_the_checked_tools_and_a_new_list_reuses_each_known_tool(monkeypatch):
+    import services.openai.protocol as protocol
+    checked = []
+    real = protocol.parse_tool
+    monkeypatch.setattr(protocol, "parse_tool", lambda d: checked.append(d["name"]) or real(d))
+    monkeypatch.setattr(protocol, "VALID_TOOLS", protocol._ValidTools())
+    first = parse({"model": "nexus", "messages": user("x"), "tools": TOOLS})
+    assert checked == [t["function"]["name"] for t in TOOLS]
+    again = parse_body(json.dumps({"model": "nexus", "messages": user("y"), "tools": TOOLS}).encode(),
+                       model_name="nexus")
+    assert again.tools is first.tools and len(checked) == 3  # the whole list reused, nothing decoded or checked
+    more = parse_body(json.dumps({"model": "nexus", "messages": user("y"), "tools": TOOLS + [TRANSLATE]}).encode(),
+                      model_name="nexus")
+    assert [t.name for t in more.tools] == [t.name for t in first.tools] + ["translate_text"]
+    assert checked[3:] == ["translate_text"]  # only the new tool is checked
+    with pytest.raises(InvalidArgument, match="at most 2"):  # a cached list still obeys the limit
+        parse_body(json.dumps({"model": "nexus", "messages": user("y"), "tools": TOOLS}).encode(),
+                   model_name="nexus", max_tools=2)
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'{"model": "nexus", "messages": [', "not valid JSON"),
+    (b'[{"model": "nexus"}]', "must be a JSON object"),
+    (b'"nexus"', "must be a JSON object"),
+    (b'{"model": "nexus", "messages": [{"role": "user", "content": "\xff"}]}', "not valid JSON"),  # not UTF-8
+    (b'{"model": "nexus", "messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}}', "must be a list"),
+])
+def test_a_body_that_is_not_a_json_object_is_invalid(body, message):
+    with pytest.raises(InvalidArgument, match=message):
+        parse_body(body, model_name="nexus")
 
 
 def test_answers_validate_as_the_openai_client_types():
