@@ -98,7 +98,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--embedder", default="",
                    help="--protocol unseen: sentence-transformers directory for the untrained arms (default MiniLM)")
     p.add_argument("--derived", default=_checkout_data("derived/requests.jsonl"),
-                   help="--protocol unseen: the registry's derived requests (nexus derive; '' = no derived arm)")
+                   help="--protocol unseen / public: the registry's derived requests (nexus derive; '' = no derived "
+                        "arm)")
     p.add_argument("--draws", type=_positive_int, default=1,
                    help="independent draws of each line's distractors per size (rates over all draws, CIs by "
                         "bootstrap over lines)")
@@ -138,7 +139,8 @@ def add_routing_eval_parser(subparsers) -> argparse.ArgumentParser:
             rep = public.evaluate(args.encoder, args.out, queries=args.queries, tools=args.tools, sizes=args.sizes,
                                   draws=args.draws, seed=args.seed, new_queries=args.new_queries,
                                   gate=[g for g in (args.gate or "").split(",") if g],
-                                  score_servers=[s for s in (args.score_servers or "").split(",") if s])
+                                  score_servers=[s for s in (args.score_servers or "").split(",") if s],
+                                  derived=args.derived)
             brief = {a: {s: {k: round(v[k], 4) for k in ("top1", "top3")} for s, v in x["by_size"].items()}
                      for a, x in rep["arms"].items()}
             print(json.dumps({"arms": brief, "json": args.out, "seconds": round(time.time() - t0)}, indent=2))

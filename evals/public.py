@@ -27,6 +27,12 @@ Arms, all in one run over the same registries, every tool embedded as ``training
   query file, never keys): dense, and keyed by every request of the query file (seen), the issue's "shipped tools,
   new requests, exemplar keys on".
 
+* ``... + derived keys`` / ``... + derived centroid`` (unseen, with ``--derived``, default data/derived/requests.jsonl):
+  each tool also keyed by the requests the derive generator (services/compiler/derive.py, an instruct model reading
+  the tool's schema alone) wrote for it, what a user's tool gets at registration with derived keys on: scored by
+  the max cosine over its document and its derived requests (Re-Invoke), or by the cosine to the mean of their
+  vectors (Tool2Vec). No hand-written request is a key, so these stay unseen-tools figures.
+
 * ``router (..., tools as new)`` (with ``--gate``): the production router (services/router, the gate model's INT8
   graph, its calibrated alternate key and lexical weight, the SLB scan) with no exemplar key and no tool bias: every
   shipped tool scored as a user's newly registered tool is. Labelled unseen when the gate model's encoder never
@@ -91,6 +97,29 @@ def exemplar_scores(qv: np.ndarray, texts: Sequence[str], tool_of_line: Sequence
     return out
 
 
+def derived_keys(path: str, names: Sequence[str], by_name: Mapping[str, Any]) -> tuple[list[str], list[int]]:
+    """The derived requests of ``path`` for the registry's tools (a row whose schema hash is not the registered
+    tool's, or whose tool is not registered, keys nothing) and the tool index of each."""
+    from services.compiler.derive import read_requests_file
+
+    pos = {by_name[n].schema_hash: i for i, n in enumerate(names)}
+    _, rows = read_requests_file(path)
+    texts, tool = [], []
+    for h, reqs in rows.items():
+        if h in pos:
+            texts += reqs
+            tool += [pos[h]] * len(reqs)
+    return texts, tool
+
+
+def centroid_scores(qv: np.ndarray, dv: np.ndarray, kv: np.ndarray, ktool: Sequence[int]) -> np.ndarray:
+    """``(lines, tools)``: the cosine to the unit mean of each tool's document vector and its key vectors."""
+    sums = dv.astype(np.float64).copy()
+    np.add.at(sums, np.asarray(ktool, np.int64), kv)
+    cent = sums / np.linalg.norm(sums, axis=1, keepdims=True)
+    return (qv @ cent.T.astype(np.float32)).astype(np.float32)
+
+
 def rank_hits(scores: np.ndarray, lex: np.ndarray | None, weight: float, lines, regs_by_draw, size: str,
               pos: Mapping[str, int], names: Sequence[str]) -> dict[str, tuple[bool, bool]]:
     """``{"<line id>#<draw>": (top-1 right, top-3 right)}``: each line ranked within its drawn registry, scored
@@ -132,11 +161,12 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
              tools: str = str(REPO / "data/mcp_tools"), sizes: str = "10,50,100,250,all", draws: int = 3,
              seed: int = 0, lexical_weight: float = LEXICAL_WEIGHT, servers: Sequence[str] = (),
              new_queries: str = "", gate: str | Sequence[str] = (), score_servers: Sequence[str] = (),
-             plot_png: bool = True) -> dict[str, Any]:
+             derived: str = "", plot_png: bool = True) -> dict[str, Any]:
     """Run the probe (module docstring); ``new_queries``: requests over the shipped tools that are not keys (a JSONL
     file or a directory, e.g. data/routing_calibration; '' = none), scored with all of ``queries`` as exemplar keys.
     ``gate``: gate models, each the production router's arms. ``score_servers``: score only these servers' requests
-    (over registries of every tool): a fold whose encoder held them out."""
+    (over registries of every tool): a fold whose encoder held them out. ``derived``: a derived-requests file
+    (services.compiler.derive) whose requests key their tools ('' = no derived arms)."""
     from evals.routing import registries_for
     from evals.unseen import paired
     from services.router.context import routing_text
@@ -174,16 +204,23 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
             raise ValueError(f"{new_queries} shares line ids with {queries} (e.g. {clash[0]}): not new requests")
     docs = [tool_doc(by_name[n]) for n in names]
     q = sets["queries"]
+    dtexts, dtool = derived_keys(derived, names, by_name) if derived else ([], [])
 
     encoders: dict[str, dict[str, Any]] = {}
     scores: dict[str, np.ndarray] = {}
     for label, path in (("base", base), ("public", encoder)):
-        vecs, info = encode(path, [*docs, *(t for ls in sets.values() for t in ls["texts"])])
+        vecs, info = encode(path, [*docs, *(t for ls in sets.values() for t in ls["texts"]), *dtexts])
         encoders[label] = info
         dv, at = vecs[: len(docs)], len(docs)
         qv = {}
         for key, ls in sets.items():
             qv[key], at = vecs[at: at + len(ls["texts"])], at + len(ls["texts"])
+        for key in sets if dtexts else ():  # every line set, the derived requests as keys (none is a scored line)
+            kv = vecs[at:]
+            scores[f"{label} derived|{key}"] = np.maximum(
+                qv[key] @ dv.T, exemplar_scores(qv[key], sets[key]["texts"], sets[key]["tool"], len(names),
+                                                keys=(kv, dtexts, dtool)))
+            scores[f"{label} centroid|{key}"] = centroid_scores(qv[key], dv, kv, dtool)
         # the scored requests of the file, each left out of its own tool's keys
         scores[f"{label} dense|queries"] = qv["queries"] @ dv.T
         scores[f"{label} keys|queries"] = np.maximum(
@@ -200,6 +237,15 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
         arms[f"{label} dense"] = {"protocol": "unseen", "scores": f"{label} dense|queries", "lexical_weight": 0.0}
         arms[f"{label} + bm25"] = {"protocol": "unseen", "scores": f"{label} dense|queries",
                                    "lexical_weight": lexical_weight}
+    for label in ("base", "public") if dtexts else ():
+        for key in sets:
+            tail = ", new requests" if key == "new" else ""
+            arms[f"{label} + derived keys{tail}"] = {"protocol": "unseen", "scores": f"{label} derived|{key}",
+                                                     "lexical_weight": 0.0}
+            arms[f"{label} + derived keys + bm25{tail}"] = {"protocol": "unseen", "scores": f"{label} derived|{key}",
+                                                            "lexical_weight": lexical_weight}
+            arms[f"{label} + derived centroid{tail}"] = {"protocol": "unseen", "scores": f"{label} centroid|{key}",
+                                                         "lexical_weight": 0.0}
     for label in ("base", "public"):
         arms[f"{label} + exemplar keys (seen)"] = {"protocol": "seen", "scores": f"{label} keys|queries",
                                                    "lexical_weight": 0.0}
@@ -224,6 +270,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
     # (arm, what it is compared with, on the same lines): the training's gain per scoring, BM25's, the keys'
     against = [("public dense", "base dense"), ("public + bm25", "base + bm25"), ("base + bm25", "base dense"),
                ("public + bm25", "public dense"),
+               ("public + derived keys", "public dense"), ("public + derived centroid", "public dense"),
+               ("public + derived keys + bm25", "public + bm25"), ("public + derived keys", "base + derived keys"),
                ("public + exemplar keys (seen)", "base + exemplar keys (seen)"),
                ("public + exemplar keys + bm25 (seen)", "base + exemplar keys + bm25 (seen)"),
                ("public + exemplar keys (seen)", "public dense"),
@@ -243,6 +291,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                      "registry": os.path.relpath(tools, REPO), "servers": sorted(servers) or "all",
                      "scored_servers": sorted(score_servers) or "all",
                      "tool_doc": DOC_VERSION, "lexical_weight": lexical_weight,
+                     "derived": os.path.relpath(derived, REPO) if derived else None, "derived_keys": len(dtexts),
+                     "derived_tools": len(set(dtool)),
                      "registries": "evals.routing.registries_for (own server first)"},
         "encoders": encoders,
         "routers": routers,
@@ -364,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--servers", default="", help="comma-separated servers to restrict the registry to (tests)")
     ap.add_argument("--new-queries", default=str(REPO / "data/routing_calibration"),
                     help="requests that are not keys, scored with every --queries request as a key ('' = none)")
+    ap.add_argument("--derived", default=str(REPO / "data/derived/requests.jsonl"),
+                    help="derived requests keying their tools: the derived-keys arms ('' = none)")
     ap.add_argument("--gate", default="", help="comma-separated gate models: the production router's arms")
     ap.add_argument("--score-servers", default="", help="comma-separated: score only these servers' requests")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public.json"))
@@ -371,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rep = evaluate(a.encoder, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes, draws=a.draws,
                    seed=a.seed, lexical_weight=a.lexical_weight,
                    servers=[s for s in a.servers.split(",") if s], new_queries=a.new_queries,
-                   gate=[g for g in a.gate.split(",") if g], score_servers=[s for s in a.score_servers.split(",") if s])
+                   gate=[g for g in a.gate.split(",") if g], score_servers=[s for s in a.score_servers.split(",") if s],
+                   derived=a.derived)
     for arm, x in rep["arms"].items():
         row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
         print(f"{arm:52s} {row}")

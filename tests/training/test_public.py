@@ -174,11 +174,36 @@ def test_exemplar_keys_never_key_a_request_on_itself():
     assert new[0, 0] == 0.0 and new[0, 1] == -np.inf and new[1, 0] == 1.0 and new[1, 1] == 0.0
 
 
+def test_a_centroid_is_the_unit_mean_of_a_tools_document_and_its_keys():
+    from evals import public as probe
+    dv = np.eye(3, dtype=np.float32)[:2]  # tool 0 along x, tool 1 along y
+    kv = np.array([[0, 0, 1], [0, 0, 1]], np.float32)  # two keys of tool 1, along z
+    got = probe.centroid_scores(np.eye(3, dtype=np.float32), dv, kv, [1, 1])
+    assert np.allclose(got[:, 0], [1, 0, 0])  # tool 0 has no key: its document alone
+    assert np.allclose(got[:, 1], np.array([0, 1, 2]) / np.sqrt(5), atol=1e-6)
+
+
+def test_derived_requests_key_only_the_registered_tool_of_their_schema_hash(tmp_path):
+    from evals import public as probe
+    from training.data import load_registry
+    reg = load_registry(str(REPO / "data" / "mcp_tools")).subset(["get_current_time", "convert_time"])
+    by_name = reg.by_name()
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"generator": {"fingerprint": "f"}},
+        {"tool": "convert_time", "schema_hash": by_name["convert_time"].schema_hash, "requests": ["a b c", "d e f"]},
+        {"tool": "get_current_time", "schema_hash": "0" * 64, "requests": ["an old schema's request"]},
+    ]) + "\n")
+    texts, tool = probe.derived_keys(str(path), ["get_current_time", "convert_time"], by_name)
+    assert texts == ["a b c", "d e f"] and tool == [1, 1]
+
+
 def test_the_probe_scores_an_encoder_on_a_small_registry(tiny_encoder, tmp_path):
     from evals import public as probe
     out_json = tmp_path / "probe.json"
     rep = probe.evaluate(str(tiny_encoder[0]), str(out_json), servers=("time", "redis"), sizes="3,all", draws=2,
-                         new_queries=str(REPO / "data" / "routing_calibration" / "time-b4.jsonl"))
+                         new_queries=str(REPO / "data" / "routing_calibration" / "time-b4.jsonl"),
+                         derived=str(REPO / "data" / "derived" / "requests.jsonl"))
     p = rep["protocol"]
     assert p["tools"] == 6 and p["lines"] > 10 and p["new_lines"] == 8
     assert set(rep["arms"]) == {"base dense", "base + bm25", "public dense", "public + bm25",
@@ -187,7 +212,10 @@ def test_the_probe_scores_an_encoder_on_a_small_registry(tiny_encoder, tmp_path)
                                 "base dense, new requests", "public dense, new requests",
                                 "base + exemplar keys, new requests (seen)",
                                 "public + exemplar keys, new requests (seen)",
-                                "public + exemplar keys + bm25, new requests (seen)"}
+                                "public + exemplar keys + bm25, new requests (seen)",
+                                *(f"{e} + derived {k}{t}" for e in ("base", "public")
+                                  for k in ("keys", "keys + bm25", "centroid") for t in ("", ", new requests"))}
+    assert p["derived_tools"] == 6 and p["derived_keys"] >= 6 * 3
     for arm, a in rep["arms"].items():
         assert a["protocol"] == ("seen" if "exemplar" in arm else "unseen")
         n_lines = p["new_lines"] if "new requests" in arm else p["lines"]
