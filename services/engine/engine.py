@@ -11,6 +11,7 @@ No protobuf here."""
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import logging
 import threading
@@ -91,6 +92,21 @@ class ToolArtifacts:
     signature: str
     grammar: str
     grammar_fallback: bool
+
+    @functools.cached_property
+    def validator(self) -> Any:
+        """The tool's JSON Schema validator, built once (the schema was checked at registration)."""
+        import jsonschema
+
+        schema = self.tool.input_schema
+        return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+
+    def valid(self, arguments_json: str) -> bool:
+        """Whether ``arguments_json`` is JSON that validates against the tool's schema."""
+        try:
+            return bool(self.validator.is_valid(json.loads(arguments_json)))
+        except ValueError:
+            return False
 
 
 class ClosingBias:
@@ -685,7 +701,7 @@ class Engine:
             logits = self.sc.logits()
         total_ms = (time.perf_counter() - t0) * 1e3
         text = "".join(pieces).strip()
-        valid = _validate(text, arts.tool)
+        valid = arts.valid(text)
         if not first_arg_ms:
             first_arg_ms = total_ms  # no argument at all ({}): the whole call is the wait
         self.stats["generations"] += 1
@@ -793,13 +809,3 @@ class Engine:
         yield TextResult(text="".join(pieces).strip(), first_token_ms=first_token_ms,
                          total_ms=(time.perf_counter() - t0) * 1e3, prefill_ms=prefill_ms, prompt_tokens=len(tokens),
                          completion_tokens=n_out, truncated=truncated, dropped_turns=dropped)
-
-
-def _validate(text: str, tool: Tool) -> bool:
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(text), tool.input_schema)
-        return True
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False

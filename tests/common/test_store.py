@@ -53,6 +53,23 @@ def test_registry_versions_and_removal(store):
     assert removed == [] and v4 == v3  # nothing changed, no version bump
 
 
+def test_reading_one_tool_parses_only_that_tool_and_each_stored_text_once(store, monkeypatch):
+    """The engine reads its tool on every turn: neither the other tools nor a text parsed before cost a schema
+    check (a registry's worth was ~0.4 s a turn)."""
+    import services.common.store as store_mod
+    parsed = []
+    monkeypatch.setattr(store_mod, "parse_tool", lambda raw: parsed.append(raw) or parse_tool(raw))
+    store_mod.stored_tool.cache_clear()
+    names = [f"t{os.getpid()}_{i}" for i in range(5)]
+    store.registry_put([_tool(n) for n in names])
+    assert store.registry_get(names[2]).name == names[2] and len(parsed) == 1
+    assert store.registry_get(names[2]) is store.registry_get(names[2]) and len(parsed) == 1
+    assert store.registry_get("nope") is None
+    store.registry_put([_tool(names[2], "changed")])  # a new text is parsed anew: never a stale tool
+    assert store.registry_get(names[2]).description == "changed" and len(parsed) == 2
+    assert {n for n in store.registry_snapshot()[0]} >= set(names)
+
+
 def test_concurrent_registry_writers_never_lose_an_update(store):
     def writer(i):
         for j in range(10):
