@@ -365,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     from evals.args import add_args_eval_parser
 
     add_args_eval_parser(esub)
+    from evals.rules import add_rules_eval_parser
+
+    add_rules_eval_parser(esub)
     from evals.cli_routing import add_routing_eval_parser, add_train_gate_parser
 
     add_routing_eval_parser(esub)

@@ -273,6 +273,18 @@ class Engine:
             self._closing_bias = ClosingBias.for_vocab(self._pieces())
         return self._closing_bias
 
+    def set_decoding(self, config: EngineConfig) -> None:
+        """Later turns decode with ``config``'s copy-bias, slot-hint and enum-choice values (an evaluation turns
+        one rule off at a time on one loaded model). The rest of ``config`` must be the engine's own: the model,
+        context and slot reader are loaded once, at start."""
+        changed = {f for f in self.config.__dataclass_fields__ if getattr(config, f) != getattr(self.config, f)}
+        if bad := sorted(f for f in changed if not f.startswith(("copy_", "slot_", "enum_"))
+                         or f in ("slot_model", "slot_threads", "slot_candidates")):
+            raise ValueError(f"set_decoding changes only decoding rules, not {bad}")
+        with self.lock:
+            self.config = config
+            self._copy_bias = None
+
     def _copier(self) -> CopyBias | None:
         c = self.config
         if not c.copy_bias:

@@ -100,3 +100,17 @@ def test_slot_reader_hints_steer_each_value_to_its_own_span(engine):
     args = json.loads(result.arguments_json)
     assert (args["owner"], args["repo"]) == ("octo", "demo")
     assert result.schema_valid
+
+
+def test_decoding_rules_swap_on_a_loaded_engine_and_nothing_else_does(engine):
+    from dataclasses import replace
+
+    before = engine.config
+    with pytest.raises(ValueError, match="n_ctx"):
+        engine.set_decoding(replace(before, n_ctx=before.n_ctx * 2))
+    engine.set_decoding(replace(before, copy_bias=False))
+    try:
+        assert engine._copier() is None  # the copy bias is off for the next turns
+    finally:
+        engine.set_decoding(before)
+    assert engine._copier() is not None and engine.config == before
