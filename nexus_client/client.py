@@ -168,11 +168,14 @@ class NexusClient:
     # -- engine -------------------------------------------------------------------------------
     def generate_stream(self, query: str, tool: str, history: Sequence[dict] = (), max_tokens: int | None = None,
                         timeout_s: float | None = None, *, prefill: str = "", fidelity: str = "",
-                        validate: bool | None = None) -> Iterator[engine_pb2.GenerateResponse]:
+                        validate: bool | None = None, result_only: bool = False
+                        ) -> Iterator[engine_pb2.GenerateResponse]:
         """``prefill``: "" (engine's choice), "splice" (required) or "text"; ``fidelity``: "" / "adaptive" /
-        "exact"; ``validate``: check a splice against a text prefill (None: the engine's sampling rate)."""
+        "exact"; ``validate``: check a splice against a text prefill (None: the engine's sampling rate);
+        ``result_only``: the final result alone, no token pieces."""
         req = engine_pb2.GenerateRequest(
             query=query, tool=tool, history=_turns(history), max_tokens=max_tokens, validate=validate,
+            result_only=result_only,
             prefill=engine_pb2.PrefillPath.Value(f"PREFILL_PATH_{prefill.upper()}") if prefill else 0,
             fidelity=engine_pb2.Fidelity.Value(f"FIDELITY_{fidelity.upper()}") if fidelity else 0)
         try:
@@ -185,7 +188,7 @@ class NexusClient:
         """``options``: ``prefill``, ``fidelity``, ``validate`` as for ``generate_stream``. ``tool`` "": a text
         answer to the conversation (``GenerateResult.text``), no tool."""
         final = None
-        for msg in self.generate_stream(query, tool, history, max_tokens, timeout_s, **options):
+        for msg in self.generate_stream(query, tool, history, max_tokens, timeout_s, result_only=True, **options):
             if msg.HasField("result"):
                 final = msg.result
         if final is None:

@@ -84,6 +84,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                                                prefill=prefill, validate=validate) if request.tool else
                           self.engine.generate_text(request.query, history, max_tokens))
                 for ev in events:
+                    if request.result_only and isinstance(ev, Token):
+                        continue  # the caller wants the result alone
                     loop.call_soon_threadsafe(queue.put_nowait, ev)
                     if cancelled.is_set():  # client went away: stop sampling, free the context
                         break

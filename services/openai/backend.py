@@ -169,12 +169,14 @@ class Backend:
 
     # -- engine -------------------------------------------------------------------------------------------
     async def generate(self, query: str, tool: str, history: Sequence[tuple[str, str]],
-                       max_tokens: int | None) -> AsyncIterator[str | Generated]:
+                       max_tokens: int | None, pieces: bool = True) -> AsyncIterator[str | Generated]:
         """The argument text in pieces as sampled, then one ``Generated``; ``tool`` empty: a text answer to the
-        conversation (``history`` then ``query``), in pieces, then ``Generated`` with its ``text``. Cancelling the
-        iteration cancels the call (the engine then stops sampling)."""
+        conversation (``history`` then ``query``), in pieces, then ``Generated`` with its ``text``. ``pieces``
+        False: the ``Generated`` alone (the engine sends no token message). Cancelling the iteration cancels the
+        call (the engine then stops sampling)."""
         call = self.engine.Generate(
-            engine_pb2.GenerateRequest(query=query, tool=tool, history=_turns(history), max_tokens=max_tokens),
+            engine_pb2.GenerateRequest(query=query, tool=tool, history=_turns(history), max_tokens=max_tokens,
+                                       result_only=not pieces),
             timeout=self.config.generate_timeout_s, metadata=self._metadata)
         done = False
         try:

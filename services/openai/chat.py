@@ -37,6 +37,7 @@ class Turn:
     plan: Plan
     registered_tool: str = ""
     max_tokens: int | None = None
+    stream: bool = True  # the caller reads the pieces (False: the engine sends the result alone)
 
     @property
     def is_call(self) -> bool:
@@ -55,7 +56,8 @@ class ChatService:
         base = Answer(model=req.model)
         max_tokens = None if req.max_tokens is None else min(req.max_tokens, self.config.max_tokens_limit)
         if p.kind == "text":
-            return Turn(replace(base, info={"answer": "text", "reason": p.reason}), p, max_tokens=max_tokens)
+            return Turn(replace(base, info={"answer": "text", "reason": p.reason}), p, max_tokens=max_tokens,
+                        stream=req.stream)
         candidates = set(p.candidates)
         tools = [t for t in req.tools if t.name in candidates]
         res = await self.book.resolve(req.tools)
@@ -72,11 +74,11 @@ class ChatService:
                 tp = text_plan(req, f"no tool fits: the routed tool scores {routed.score:.3f} < min_tool_score "
                                     f"{self.config.min_tool_score:g}")
                 return Turn(replace(base, info={**info, "answer": "text", "reason": tp.reason}), tp,
-                            max_tokens=max_tokens)
+                            max_tokens=max_tokens, stream=req.stream)
         info.update({"route": how, "tool": chosen, "registered_as": res.names[chosen],
                      "prepare_ms": round((time.perf_counter() - t0) * 1e3, 2)})
         answer = replace(base, tool=chosen, call_id=call_id(), info=info)
-        return Turn(answer, p, res.names[chosen], max_tokens)
+        return Turn(answer, p, res.names[chosen], max_tokens, req.stream)
 
     async def _route(self, req: ChatRequest, p: Plan, tools: list[Tool],
                      res: Resolution) -> tuple[str, str, Routed, Resolution]:
@@ -111,7 +113,8 @@ class ChatService:
         leading = True
         try:
             # a text turn has no registered tool: Generate then answers the conversation in text
-            async for ev in self.backend.generate(p.query, turn.registered_tool, p.history, turn.max_tokens):
+            async for ev in self.backend.generate(p.query, turn.registered_tool, p.history, turn.max_tokens,
+                                                  pieces=turn.stream):
                 if isinstance(ev, Generated):
                     result = ev
                     continue

@@ -55,6 +55,10 @@ def test_generate_streams_tokens_then_valid_arguments(cluster):
     assert "".join(m.token for m in msgs[:-1]).strip() == result.arguments_json
     assert {"owner", "repo", "base", "head", "title"} <= set(args)  # the schema's required arguments
     assert result.timings.first_token_ms <= result.timings.first_arg_token_ms <= result.timings.total_ms
+    # result_only: the same call as one message, the result alone
+    (only,) = cluster["client"].generate_stream("open a pull request from feature-x into main in octo/demo",
+                                                "github_create_pull_request", result_only=True)
+    assert only.HasField("result") and only.result.arguments_json == result.arguments_json
 
 
 def test_generate_path_and_fidelity_options_over_grpc(cluster):
