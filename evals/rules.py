@@ -2,8 +2,9 @@
 
     nexus eval rules [--model GGUF] [--limit 120] [--split heldout] --json reports/rules_<model>.json
 
-The engine's decoding rules (the copy bias's terms, the slot reader's hints, enum choices: ``RULES``, each a set of
-``EngineConfig`` values that turns it off) are measured one at a time against the engine as configured: for every
+The engine's decoding rules (the copy bias's terms, the slot reader's hints, enum choices:
+``services.engine.profiles.RULES``, each a set of ``EngineConfig`` values that turns it off) are measured one at a
+time against every rule the defaults enable (``profile = "none"``: whatever the model's profile says): for every
 line, the production turn (``Engine.generate``: the gold tool, the spliced KV block, the grammar) runs with every
 rule on and with each rule off, in a rotating order, on one loaded model. Each stated argument of the line is a
 paired trial: a rule *gains* an argument the engine gets right with it and wrong without it, and *loses* one it
@@ -21,48 +22,18 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from evals.args import select_lines, values_match
 from evals.stats import sign_test, wilson
 from services.engine.config import EngineConfig
+from services.engine.profiles import RULES, Rule, rule_is_on
 
 log = logging.getLogger("nexus.eval.rules")
 
 ALL_ON = "all rules"
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str
-    off: dict[str, Any]  # the EngineConfig values that turn the rule off
-    what: str
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("copy bias", {"copy_bias": False}, "the whole copy bias (every rule below but enum choices rides on it)"),
-    Rule("start bias", {"copy_start_bias": 0.0}, "a value starts on a word of the request"),
-    Rule("continue bias", {"copy_continue_bias": 0.0}, "a value continues a span of the request"),
-    Rule("close bias", {"copy_close_bias": 0.0}, "a value closes where its span ends"),
-    Rule("salient bias", {"copy_salient_bias": 0.0}, "quoted text, paths, identifiers, numbers start values"),
-    Rule("span penalty", {"copy_span_penalty": 0.0}, "a copied value does not leave its span mid-word"),
-    Rule("reuse penalty", {"copy_reuse_penalty": 0.0}, "two values do not start at the same place"),
-    Rule("word penalty", {"copy_word_penalty": 0.0}, "a value does not run onto the next unquoted word"),
-    Rule("array bias", {"copy_array_bias": 0.0}, "an array of quoted items closes once each is written"),
-    Rule("path penalty", {"copy_path_penalty": 0.0}, "a value does not start inside an absolute path"),
-    Rule("slot reader", {"slot_hint_bias": 0.0}, "the trained slot reader's spans (and what rides on them: "
-         "pending keys, hint penalty, enum choices)"),
-    Rule("pending keys", {"slot_pending_bias": 0.0}, "the object does not close before a hinted value"),
-    Rule("hint penalty", {"slot_hint_penalty": 0.0}, "a hinted value stays on its span"),
-    Rule("enum choices", {"enum_choices": False}, "an enum or boolean the request names in words"),
-)
-
-
-def rule_is_on(rule: Rule, config: EngineConfig) -> bool:
-    """Whether ``config`` runs the rule (turning it off would change something)."""
-    return any(getattr(config, k) != v for k, v in rule.off.items())
 
 
 def arg_results(arguments_json: str, gold: dict[str, Any]) -> list[bool]:
@@ -121,7 +92,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
     unknown = set(rules) - {r.name for r in RULES}
     if unknown:
         raise ValueError(f"unknown rules {sorted(unknown)}; known: {[r.name for r in RULES]}")
-    base_cfg = EngineConfig()
+    base_cfg = EngineConfig(profile="none")  # every rule the defaults enable, whatever the model's profile
     chosen = [r for r in RULES if not rules or r.name in rules]
     measured = [r for r in chosen if rule_is_on(r, base_cfg)]
     registry = load_registry(tools)

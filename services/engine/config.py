@@ -30,6 +30,10 @@ class EngineConfig(TransportSecurity):
     splice_K: float = 4.0
     # Fraction of splices checked against a text prefill in the sidecar sequence (0 = only on request).
     splice_validate_rate: float = 0.0
+    # Model profile (services/engine/profiles.py): "auto" turns off the decoding rules below that did not pay for
+    # the model's family on held-out lines (`nexus eval rules`); "none" runs what this configuration says; or a
+    # family name (smollm2, qwen2, default).
+    profile: str = "auto"
     # Copy bias (services/engine/copybias.py): nudges string values toward spans of the request.
     copy_bias: bool = True
     copy_start_bias: float = 2.0

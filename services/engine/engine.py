@@ -44,6 +44,7 @@ from services.compiler.signature import param_order, signature
 from services.engine.choices import enum_choices
 from services.engine.config import EngineConfig
 from services.engine.copybias import CopyBias
+from services.engine.profiles import profile_for, without
 from services.engine.sampling import GrammarError, GrammarSampler, Vocabulary
 from services.runtime.prompt import Turn, copy_source, prune_history
 from services.runtime.splice import LIVE_SEQ, kl_divergence, recompute_fraction
@@ -202,12 +203,17 @@ class Engine:
         from services.compiler.kvblock import BlockModel, kv_fingerprint, layout_for
         from services.runtime.splice import SpliceContext
 
-        self.config = config
         self.store = store
         self.model_path = resolve_gguf(config.model_path)
         self.model_fingerprint = file_fingerprint(self.model_path)
         # vocabulary only: tokenizer, chat template and metadata; the weights live in the splice context
         self.llm = Llama(model_path=str(self.model_path), vocab_only=True, verbose=False)
+        # the model family's profile turns off the decoding rules that did not pay for it (profiles.py)
+        self.profile = profile_for(self.llm.metadata or {}, config.profile)
+        self.config = config = without(config, self.profile.off)
+        if self.profile.off:
+            log.info("model profile", extra={"family": self.profile.family, "rules_off": list(self.profile.off),
+                                             "evidence": self.profile.evidence})
         self.layout = layout_for(self.llm)
         self.template = self.layout.template
         self.sc = SpliceContext(str(self.model_path), n_ctx=config.n_ctx, n_batch=config.n_batch,

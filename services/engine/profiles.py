@@ -1,0 +1,89 @@
+"""Model profiles: which hand-written decoding rules a model family runs, chosen from its GGUF's metadata.
+
+The engine's decoding rules (``RULES``: the copy bias's terms, the slot reader's hints, enum choices) were written
+for SmolLM2-135M, and a rule that helps one model can cost another. Each rule's worth is measured per model by
+``nexus eval rules`` (evals/rules.py: the rule off alone vs all on, paired per argument on held-out lines, a sign
+test); a family's profile turns off the rules whose row did not pay for it and cites the report. A family without
+a measured profile runs every rule its configuration enables.
+
+The profile only ever turns rules off: the configuration still decides the rest (a rule the configuration turns
+off stays off), and ``profile = "none"`` runs exactly what the configuration says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    off: dict[str, Any]  # the EngineConfig values that turn the rule off
+    what: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("copy bias", {"copy_bias": False}, "the whole copy bias (every rule below but enum choices rides on it)"),
+    Rule("start bias", {"copy_start_bias": 0.0}, "a value starts on a word of the request"),
+    Rule("continue bias", {"copy_continue_bias": 0.0}, "a value continues a span of the request"),
+    Rule("close bias", {"copy_close_bias": 0.0}, "a value closes where its span ends"),
+    Rule("salient bias", {"copy_salient_bias": 0.0}, "quoted text, paths, identifiers, numbers start values"),
+    Rule("span penalty", {"copy_span_penalty": 0.0}, "a copied value does not leave its span mid-word"),
+    Rule("reuse penalty", {"copy_reuse_penalty": 0.0}, "two values do not start at the same place"),
+    Rule("word penalty", {"copy_word_penalty": 0.0}, "a value does not run onto the next unquoted word"),
+    Rule("array bias", {"copy_array_bias": 0.0}, "an array of quoted items closes once each is written"),
+    Rule("path penalty", {"copy_path_penalty": 0.0}, "a value does not start inside an absolute path"),
+    Rule("slot reader", {"slot_hint_bias": 0.0}, "the trained slot reader's spans (and what rides on them: "
+         "pending keys, hint penalty, enum choices)"),
+    Rule("pending keys", {"slot_pending_bias": 0.0}, "the object does not close before a hinted value"),
+    Rule("hint penalty", {"slot_hint_penalty": 0.0}, "a hinted value stays on its span"),
+    Rule("enum choices", {"enum_choices": False}, "an enum or boolean the request names in words"),
+)
+RULES_BY_NAME = {r.name: r for r in RULES}
+
+
+def rule_is_on(rule: Rule, config: Any) -> bool:
+    """Whether ``config`` runs the rule (turning it off would change something)."""
+    return any(getattr(config, k) != v for k, v in rule.off.items())
+
+
+def without(config: Any, rules: tuple[str, ...] | list[str]) -> Any:
+    """``config`` with ``rules`` (names of ``RULES``) turned off."""
+    off: dict[str, Any] = {}
+    for name in rules:
+        off.update(RULES_BY_NAME[name].off)
+    return replace(config, **off)
+
+
+@dataclass(frozen=True)
+class Profile:
+    family: str
+    off: tuple[str, ...] = ()  # rules this family runs without
+    evidence: str = ""  # the report the choice comes from ("" = not measured: every configured rule runs)
+
+
+PROFILES: dict[str, Profile] = {
+    "default": Profile("default"),
+}
+
+
+def family_of(metadata: dict[str, str]) -> str:
+    """The model family of a GGUF's metadata: ``smollm2``, ``qwen2`` or ``default``."""
+    name = " ".join(str(metadata.get(k, "")) for k in ("general.name", "general.basename")).lower()
+    arch = str(metadata.get("general.architecture", "")).lower()
+    if "smollm2" in name.replace(" ", "").replace("-", ""):
+        return "smollm2"
+    if arch == "qwen2":
+        return "qwen2"
+    return "default"
+
+
+def profile_for(metadata: dict[str, str], choice: str = "auto") -> Profile:
+    """The profile an engine runs: ``choice`` "auto" (the family's, from the metadata), "none" (the configuration
+    alone), or a family name."""
+    if choice == "none":
+        return Profile("none")
+    family = family_of(metadata) if choice == "auto" else choice
+    if choice != "auto" and family not in PROFILES:
+        raise ValueError(f"unknown model profile {choice!r}; known: auto, none, {', '.join(sorted(PROFILES))}")
+    return PROFILES.get(family, replace(PROFILES["default"], family=family))
