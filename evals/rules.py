@@ -73,9 +73,11 @@ def summarize(lines: Sequence[dict[str, Any]], rules: Sequence[Rule]) -> dict[st
 
 
 def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", limit: int = 120, seed: int = 0,
-             split: str = "heldout", rules: Sequence[str] = (), n_ctx: int = 8192, workdir: str = "var/eval-rules",
-             progress: bool = True) -> dict[str, Any]:
-    """Run the comparison (module docstring) and write ``out_json`` + PNG; ``rules``: names (default all)."""
+             split: str = "heldout", rules: Sequence[str] = (), together: Sequence[str] = (), n_ctx: int = 8192,
+             workdir: str = "var/eval-rules", progress: bool = True) -> dict[str, Any]:
+    """Run the comparison (module docstring) and write ``out_json`` + PNG; ``rules``: names (default all, or none
+    when ``together`` is given); ``together``: names also turned off all at once, as one more arm (rules that are
+    redundant with each other show nothing alone)."""
     import shutil
     import tempfile
 
@@ -89,12 +91,17 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
     from services.runtime.prompt import Turn
     from training.data import load_queries, load_registry
 
-    unknown = set(rules) - {r.name for r in RULES}
+    unknown = (set(rules) | set(together)) - {r.name for r in RULES}
     if unknown:
         raise ValueError(f"unknown rules {sorted(unknown)}; known: {[r.name for r in RULES]}")
     base_cfg = EngineConfig(profile="none")  # every rule the defaults enable, whatever the model's profile
-    chosen = [r for r in RULES if not rules or r.name in rules]
+    chosen = [r for r in RULES if r.name in rules or not (rules or together)]
     measured = [r for r in chosen if rule_is_on(r, base_cfg)]
+    if together:
+        off: dict[str, Any] = {}
+        for name in together:
+            off.update(next(r for r in RULES if r.name == name).off)
+        measured.append(Rule(" + ".join(together), off, "these rules off together"))
     registry = load_registry(tools)
     by_name = registry.by_name()
     lines = select_lines([ln for ln in load_queries(queries) if ln.tool in by_name and ln.args], split, limit, seed)
@@ -200,12 +207,14 @@ def add_rules_eval_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=120, help="lines to sample (stratified by server; 0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", choices=("heldout", "tune", "all"), default="heldout")
-    p.add_argument("--rules", default="", help="comma-separated rule names (default: all)")
+    p.add_argument("--rules", default="", help="comma-separated rule names (default: all, none with --together)")
+    p.add_argument("--together", default="", help="comma-separated rule names also turned off at once (one arm)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     def run(args) -> int:
         rep = evaluate(args.queries, args.tools, args.out, model_path=args.model, limit=args.limit, seed=args.seed,
                        split=args.split, rules=[r.strip() for r in args.rules.split(",") if r.strip()],
+                       together=[r.strip() for r in args.together.split(",") if r.strip()],
                        progress=not args.quiet)
         print(json.dumps({"all_rules": rep["all_rules"], "rules": {n: {k: r[k] for k in ("gained", "lost",
                                                                                          "sign_test_p", "verdict")}
