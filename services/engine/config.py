@@ -37,9 +37,7 @@ class EngineConfig(TransportSecurity):
     # Copy bias (services/engine/copybias.py): nudges string values toward spans of the request.
     copy_bias: bool = True
     copy_start_bias: float = 2.0
-    copy_continue_bias: float = 5.0
     copy_close_bias: float = 3.0
-    copy_salient_bias: float = 2.0
     # Inside a value that is a span of the request, tokens that neither continue the span nor end it at a word
     # boundary lose this much (0 = off): stated values are copied whole, not run on or invented mid-way.
     copy_span_penalty: float = 30.0
@@ -47,14 +45,6 @@ class EngineConfig(TransportSecurity):
     copy_reuse_penalty: float = 4.0
     # Continuing a copied value onto the next word of unquoted text costs this much (0 = off).
     copy_word_penalty: float = 3.0
-    # In an array that copies quoted text, once every quoted span of the request is written: ending the item and
-    # closing the array gains this much, starting another item loses it (0 = off; tune split 75.2 -> 77.3 %: the
-    # 135M model otherwise repeats the last item, e.g. a second edit of edit_file, to the array bound).
-    copy_array_bias: float = 6.0
-    # A value starting inside an absolute path (``resume.pdf`` of ``/home/me/docs/resume.pdf``) loses this much
-    # (0 = off; it nets -2 after the start and salient biases): 1 of 8,254 stated strings in the team's data starts
-    # so; the 135M model did on held-out t-0774.
-    copy_path_penalty: float = 6.0
     # Slot reader (services/engine/slots.py, `nexus train-slots` / `make train`; shipped in models/slots): per parameter, the span of the
     # request that states it; the copy bias favours that span by this much while the value is written (0 = off;
     # tune split with the session-5 reader: 10 -> 74.5 %, 6 -> 73.0 %).

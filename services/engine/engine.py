@@ -296,12 +296,10 @@ class Engine:
         if not c.copy_bias:
             return None
         if getattr(self, "_copy_bias", None) is None:
-            self._copy_bias = CopyBias(self._pieces(), start_bias=c.copy_start_bias,
-                                       continue_bias=c.copy_continue_bias, close_bias=c.copy_close_bias,
-                                       salient_bias=c.copy_salient_bias, span_penalty=c.copy_span_penalty,
-                                       reuse_penalty=c.copy_reuse_penalty, word_penalty=c.copy_word_penalty,
-                                       hint_bias=c.slot_hint_bias, key_bias=c.slot_key_bias,
-                                       array_bias=c.copy_array_bias, path_penalty=c.copy_path_penalty,
+            self._copy_bias = CopyBias(self._pieces(), start_bias=c.copy_start_bias, close_bias=c.copy_close_bias,
+                                       span_penalty=c.copy_span_penalty, reuse_penalty=c.copy_reuse_penalty,
+                                       word_penalty=c.copy_word_penalty, hint_bias=c.slot_hint_bias,
+                                       key_bias=c.slot_key_bias,
                                        pending_bias=c.slot_pending_bias if c.slot_hint_bias else 0.0,
                                        hint_penalty=c.slot_hint_penalty if c.slot_hint_bias else 0.0)
         return self._copy_bias

@@ -25,14 +25,10 @@ class Rule:
 RULES: tuple[Rule, ...] = (
     Rule("copy bias", {"copy_bias": False}, "the whole copy bias (every rule below but enum choices rides on it)"),
     Rule("start bias", {"copy_start_bias": 0.0}, "a value starts on a word of the request"),
-    Rule("continue bias", {"copy_continue_bias": 0.0}, "a value continues a span of the request"),
     Rule("close bias", {"copy_close_bias": 0.0}, "a value closes where its span ends"),
-    Rule("salient bias", {"copy_salient_bias": 0.0}, "quoted text, paths, identifiers, numbers start values"),
     Rule("span penalty", {"copy_span_penalty": 0.0}, "a copied value does not leave its span mid-word"),
     Rule("reuse penalty", {"copy_reuse_penalty": 0.0}, "two values do not start at the same place"),
     Rule("word penalty", {"copy_word_penalty": 0.0}, "a value does not run onto the next unquoted word"),
-    Rule("array bias", {"copy_array_bias": 0.0}, "an array of quoted items closes once each is written"),
-    Rule("path penalty", {"copy_path_penalty": 0.0}, "a value does not start inside an absolute path"),
     Rule("slot reader", {"slot_hint_bias": 0.0}, "the trained slot reader's spans (and what rides on them: "
          "pending keys, hint penalty, enum choices)"),
     Rule("pending keys", {"slot_pending_bias": 0.0}, "the object does not close before a hinted value"),

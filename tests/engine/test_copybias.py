@@ -23,29 +23,28 @@ def test_scanner_tells_keys_from_values_and_tracks_the_value_text():
     assert not sc.in_string and not sc.stack
 
 
-def test_value_start_prefers_words_of_the_request_a_little_and_quoted_text_more():
-    cb = CopyBias(PIECES, start_bias=2.0, continue_bias=5.0, close_bias=3.0, salient_bias=2.0)
+def test_value_start_prefers_words_of_the_request_a_little():
+    cb = CopyBias(PIECES, start_bias=2.0, close_bias=3.0)
     cb.begin("Do a search for 'EU AI Act enforcement timeline' in config:max_upload_mb")
     cb.feed('{"query": "')
     out = cb(np.zeros(len(PIECES), dtype=np.float32))
     assert out[ids("search")[0]] == 2.0 and out[ids("brazen")[0]] == 0.0
-    assert out[ids("EU")[0]] == 4.0 and out[ids("E")[0]] == 4.0  # quoted span
-    assert out[ids("config")[0]] == 4.0  # identifier-like span
+    assert out[ids("EU")[0]] == 2.0 and out[ids("E")[0]] == 2.0 and out[ids("config")[0]] == 2.0
 
 
-def test_inside_a_value_it_continues_the_copied_span_and_closes_at_the_quote():
-    cb = CopyBias(PIECES, start_bias=2.0, continue_bias=5.0, close_bias=3.0)
+def test_inside_a_value_it_keeps_to_the_copied_span_and_closes_at_the_quote():
+    cb = CopyBias(PIECES, start_bias=2.0, close_bias=3.0, span_penalty=30.0)
     cb.begin("Do a search for 'EU AI Act' now")
     cb.feed('{"query": "EU')
     out = cb(np.zeros(len(PIECES), dtype=np.float32))
-    assert out[ids(" AI")[0]] == 5.0 and out[ids(" enforcement")[0]] == 0.0
+    assert out[ids(" AI")[0]] == 0.0 and out[ids(" enforcement")[0]] == -30.0
     cb.feed(" AI Act")
     out = cb(np.zeros(len(PIECES), dtype=np.float32))
     assert out[ids('"')[0]] == 3.0 and out[ids('",')[0]] == 3.0  # the quoted span ends here
 
 
 def test_sentence_punctuation_ends_a_span_but_a_dot_inside_a_name_does_not():
-    cb = CopyBias(PIECES)
+    cb = CopyBias(PIECES, span_penalty=30.0)
     cb.begin("Get the value of the Redis key config:max_upload_mb.")
     cb.feed('{"key": "config:max_upload_mb')
     out = cb(np.zeros(len(PIECES), dtype=np.float32))
@@ -53,7 +52,7 @@ def test_sentence_punctuation_ends_a_span_but_a_dot_inside_a_name_does_not():
     cb.begin("read README.md now")
     cb.feed('{"path": "README')
     out = cb(np.zeros(len(PIECES), dtype=np.float32))
-    assert out[ids('"')[0]] == 0 and out[ids(".")[0]] > 0
+    assert out[ids('"')[0]] == 0 and out[ids(".")[0]] == 0 and out[ids("brazen")[0]] == -30  # "." goes on
 
 
 def test_keys_and_invented_text_are_left_alone():
@@ -79,7 +78,7 @@ def test_span_penalty_keeps_a_copied_value_on_its_span_or_ends_it_at_a_word_boun
     cb.begin("discussions in vercel/next.js ordered by creation")
     cb.feed('{"owner": "vercel')
     out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
-    assert out[sid("/")[0]] > 0  # continues the span
+    assert out[sid("/")[0]] == 0  # continues the span
     assert out[sid('"')[0]] == 0  # may end here: "/" is a word boundary (owner of owner/repo)
     assert out[sid("x")[0]] == -30 and out[sid(" in")[0]] == -30  # neither continues nor ends it
     cb.feed("/ne")  # mid-word: no boundary, only the continuation stays
@@ -108,7 +107,7 @@ def test_an_escaped_quote_continues_a_span_that_contains_a_quote():
     cb.begin("search 'label:\"good first\" x'")
     cb.feed('{"q": "label:')
     out = cb(np.zeros(len(SPAN_PIECES), dtype=np.float32))
-    assert out[sid('\\"')[0]] > 0  # writes the quote escaped, stays on the span
+    assert out[sid('\\"')[0]] == 0 and out[sid("x")[0]] == -30  # writes the quote escaped, stays on the span
 
 
 def test_reuse_penalty_steers_the_next_value_away_from_a_span_already_used():
@@ -126,14 +125,15 @@ def test_reuse_penalty_steers_the_next_value_away_from_a_span_already_used():
 
 def test_running_on_into_unquoted_words_costs_but_quoted_text_flows():
     pieces = ["Union", " Station", " to", " phrase", "my"]
-    cb = CopyBias(pieces, continue_bias=5.0, word_penalty=3.0, span_penalty=30.0)
+    cb = CopyBias(pieces, word_penalty=3.0, span_penalty=30.0)
     cb.begin("route from Union Station to 'my phrase here'")
     cb.feed('{"origin": "Union')
     out = cb(np.zeros(len(pieces), dtype=np.float32))
-    assert out[pieces.index(" Station")] == 2.0  # still on the span, but the next word costs 3 of the 5
+    assert out[pieces.index(" Station")] == -3.0  # still on the span, but the next word costs 3
+    assert out[pieces.index(" to")] == -30.0  # off the span
     cb.feed('", "q": "my')
     out = cb(np.zeros(len(pieces), dtype=np.float32))
-    assert out[pieces.index(" phrase")] == 5.0  # inside quotes: the full continuation bias
+    assert out[pieces.index(" phrase")] == 0.0  # inside quotes: the next word flows
 
 
 HINT_PIECES = ["octo", "-org", "/", "web", "-app", "bug", '"', '",', "{", "}"]
@@ -155,7 +155,7 @@ def test_scanner_names_the_top_level_member_being_written_and_none_for_nested_va
 
 def test_slot_hint_steers_the_member_onto_its_span_and_closes_it_there():
     source = "label 'bug' details, octo-org/web-app"
-    cb = CopyBias(HINT_PIECES, start_bias=2.0, continue_bias=5.0, close_bias=3.0, hint_bias=6.0)
+    cb = CopyBias(HINT_PIECES, start_bias=2.0, close_bias=3.0, hint_bias=6.0)
     cb.begin(source, {"owner": (source.index("octo"), source.index("/web")),
                       "repo": (source.index("web"), len(source))})
     cb.feed('{"owner": "')
@@ -298,51 +298,6 @@ def test_key_steering_is_off_without_a_bias_and_leaves_nested_keys_and_values_al
     assert cb.scanner.top_key is None
 
 
-ARRAY_PIECES = ['",', '"]', ' },', '}]', ' }', ',', ']', '"', 'on', '-call', ' this', ' week', 'Marcus', ' Lee']
-
-
-def _ap(*names):
-    return [ARRAY_PIECES.index(n) for n in names]
-
-
-def test_a_spent_array_closes_instead_of_repeating_its_quoted_value():
-    src = "Delete the observation 'on-call this week' from the entity Marcus Lee."
-    cb, plain = CopyBias(ARRAY_PIECES, array_bias=6.0), CopyBias(ARRAY_PIECES)
-    z = np.zeros(len(ARRAY_PIECES), dtype=np.float32)
-
-    def feed(text):
-        for c in (cb, plain):
-            c.feed(text)
-        return cb(z) - plain(z)  # what the array rule adds
-
-    for c in (cb, plain):
-        c.begin(src)
-    diff = feed('{"deletions": [{"entityName": "Marcus Lee", "observations": ["on-call this')
-    assert not diff.any()  # the quoted span is not written yet
-    diff = feed(' week')
-    assert diff[_ap('",', '"]', '"')].tolist() == [-6.0, 6.0, 0.0]  # written: the string array ends here
-    diff = feed('"]')  # back in the item object of "deletions": ending it and the array gains, another loses
-    assert diff[_ap(' },', '}]', ' }')].tolist() == [-6.0, 6.0, 0.0]
-    diff = feed('}')
-    assert diff[_ap(',', ']')].tolist() == [-6.0, 6.0]
-
-
-def test_an_array_closes_only_when_it_copies_quoted_text_and_all_of_it_is_written():
-    z = np.zeros(len(ARRAY_PIECES), dtype=np.float32)
-    cb = CopyBias(ARRAY_PIECES, array_bias=6.0)
-    cb.begin("label the issue 'Login broken' as bug and ui")
-    cb.feed('{"title": "Login broken", "labels": ["bug"')  # unquoted labels: the second one may follow
-    assert np.array_equal(cb(z), z)
-    cb = CopyBias(ARRAY_PIECES, array_bias=6.0)
-    cb.begin("edit: replace 'a = 1' with 'a = 2', and 'b = 1' with 'b = 2'")
-    cb.feed('{"edits": [{"oldText": "a = 1", "newText": "a = 2"')  # two quoted spans still unwritten
-    assert np.array_equal(cb(z), z)
-    off = CopyBias(ARRAY_PIECES)
-    off.begin("Delete the observation 'on-call this week'")
-    off.feed('{"observations": ["on-call this week"')
-    assert np.array_equal(off(z), z)
-
-
 def _after(pieces, source, written, **kw):
     """The copy bias (``kw``) on zero logits once ``written`` is generated for a request ``source``, by piece."""
     cb = CopyBias(pieces, **kw)
@@ -351,7 +306,7 @@ def _after(pieces, source, written, **kw):
     return dict(zip(pieces, cb(np.zeros(len(pieces), dtype=np.float32)), strict=True))
 
 
-SPAN = {"continue_bias": 5.0, "close_bias": 3.0, "span_penalty": 30.0}
+SPAN = {"close_bias": 3.0, "span_penalty": 30.0}
 
 
 def test_a_parenthesis_the_value_opened_does_not_end_it():
@@ -359,7 +314,7 @@ def test_a_parenthesis_the_value_opened_does_not_end_it():
     out = _after(pieces, "Count them: SELECT count(*) FROM invoices; then stop (see /srv/app) now",
                  '{"sql": "SELECT count(*', **SPAN)
     # the query goes on: ")" continues the span (it lost the 30-point span penalty before), no close bias here
-    assert out[")"] == 5.0 and out['"'] == 0.0
+    assert out[")"] == 0.0 and out['"'] == 0.0 and out["*"] == -30.0
     out = _after(pieces, "then stop (see /srv/app) now", '{"path": "/srv/app', **SPAN)
     assert out['"'] > 0 and out[")"] < 0  # a parenthesis the value did not open ends it
 
@@ -368,7 +323,7 @@ def test_a_semicolon_that_ends_the_request_belongs_to_the_statement():
     pieces = [";", '"', '",']
     src = "count the rows: SELECT count(*) FROM invoices;"
     out = _after(pieces, src, '{"sql": "SELECT count(*) FROM invoices', **SPAN)
-    assert out[";"] == 5.0 and out['"'] == 0.0  # was cut: ";" read as sentence end
+    assert out[";"] == 0.0 and out['"'] == 0.0  # was cut: ";" read as sentence end (close bias on '"')
     out = _after(pieces, src, '{"sql": "SELECT count(*) FROM invoices;', **SPAN)
     assert out['"'] > 0  # the text ends: the value closes
     out = _after(pieces, "tag it urgent; then close it", '{"label": "urgent', **SPAN)
@@ -378,22 +333,11 @@ def test_a_semicolon_that_ends_the_request_belongs_to_the_statement():
 def test_a_quote_mark_the_value_opened_does_not_end_it():
     pieces = ["']", '"', '",', "'"]
     out = _after(pieces, "The link matches the selector a[href='/signup'].", '{"selector": "a[href=\'/signup',
-                 continue_bias=5.0, close_bias=3.0)
+                 close_bias=3.0, span_penalty=30.0)
     # tune line t-0884 closed at "/signup": the quote read as the end of a quoted span and gained the close bias
-    assert out['"'] == 0.0 and out["']"] == 5.0
-    out = _after(pieces, "label it 'needs triage' please", '{"label": "needs triage', continue_bias=5.0, close_bias=3.0)
+    assert out['"'] == 0.0 and out["']"] == 0.0 and out["'"] == 0.0
+    out = _after(pieces, "label it 'needs triage' please", '{"label": "needs triage', close_bias=3.0)
     assert out['"'] == 3.0  # a quoted span still ends at its closing quote
-
-
-def test_a_value_does_not_start_inside_an_absolute_path():
-    pieces = ["/home", "resume", "docs", "pdf", '"', "file", "octo", "web"]
-    out = _after(pieces, "Upload the file '/home/me/docs/resume.pdf' to octo/web", '{"paths": ["',
-                 start_bias=2.0, salient_bias=2.0, path_penalty=6.0)
-    # held-out t-0774 wrote "resume.pdf": a start inside the path nets -2 (start 2 + salient 2 - 6), its head +4
-    assert out["/home"] > 0 and out["resume"] < 0 and out["docs"] < 0
-    assert out["web"] > 0  # owner/repo is no absolute path: "web" may start the repo
-    out = _after(pieces, "Upload the file /home/me/docs/resume.pdf", '{"paths": ["', start_bias=2.0, salient_bias=2.0)
-    assert out["resume"] > 0  # off by default in the class (the engine sets it)
 
 
 def test_the_object_stays_open_while_a_hinted_parameter_is_unwritten():
@@ -500,8 +444,8 @@ def test_hint_penalty_keeps_a_value_on_its_hinted_span_once_started():
     off.feed('{"namespace": "c')
     was = dict(zip(pieces, off(z), strict=True))
     # tune line t-0704 wrote "c12" (of build-c12, a continuation too) for the hinted "ci"
-    assert was["12"] == 5.0 and out["12"] == -5.0 and out['"'] == was['"'] - 10.0
-    assert out["i"] == was["i"] == 15.0  # continue 5 + hint 10
+    assert was["12"] == 0.0 and out["12"] == -10.0 and out['"'] == was['"'] - 10.0
+    assert out["i"] == was["i"] == 10.0  # the hint's
     cb.begin(src, hint)
     cb.feed('{"namespace": "')
     assert dict(zip(pieces, cb(z), strict=True))["12"] == 0.0  # the value's first token is the start bias's

@@ -27,24 +27,24 @@ def test_every_rule_names_real_config_values_and_turning_rules_off_does_only_tha
     cfg = EngineConfig()
     assert all(hasattr(cfg, k) for r in P.RULES for k in r.off)
     assert all(P.rule_is_on(r, cfg) for r in P.RULES)  # the defaults run every rule
-    off = P.without(cfg, ["path penalty", "enum choices"])
-    assert off.copy_path_penalty == 0 and off.enum_choices is False
-    assert replace(off, copy_path_penalty=cfg.copy_path_penalty, enum_choices=True) == cfg
+    off = P.without(cfg, ["reuse penalty", "enum choices"])
+    assert off.copy_reuse_penalty == 0 and off.enum_choices is False
+    assert replace(off, copy_reuse_penalty=cfg.copy_reuse_penalty, enum_choices=True) == cfg
 
 
 def test_the_engine_runs_its_familys_profile_and_none_runs_the_configuration(tmp_path, monkeypatch):
     from services.engine.engine import Engine
 
     store = LocalStore(tmp_path / "s")
-    monkeypatch.setitem(P.PROFILES, "smollm2", P.Profile("smollm2", ("path penalty",), "a report"))
+    monkeypatch.setitem(P.PROFILES, "smollm2", P.Profile("smollm2", ("reuse penalty",), "a report"))
     eng = Engine(EngineConfig(store_url=str(store.root)), store)  # the default GGUF: SmolLM2-135M-Instruct
     try:
-        assert eng.profile.family == "smollm2" and eng.config.copy_path_penalty == 0
+        assert eng.profile.family == "smollm2" and eng.config.copy_reuse_penalty == 0
         assert eng.config.copy_span_penalty == EngineConfig().copy_span_penalty  # the others untouched
     finally:
         eng.close()
     eng = Engine(EngineConfig(store_url=str(store.root), profile="none"), store)
     try:
-        assert eng.profile.family == "none" and eng.config.copy_path_penalty == EngineConfig().copy_path_penalty
+        assert eng.profile.family == "none" and eng.config.copy_reuse_penalty == EngineConfig().copy_reuse_penalty
     finally:
         eng.close()

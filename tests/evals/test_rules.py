@@ -40,11 +40,11 @@ def test_a_rule_gains_what_is_right_only_with_it_and_loses_what_is_right_only_wi
 @pytest.mark.integration
 def test_a_real_run_on_smollm2_resumes_from_its_checkpoint(tmp_path):
     out = tmp_path / "rules.json"
-    kw = dict(limit=2, rules=["path penalty"], together=["enum choices", "path penalty"], workdir=str(tmp_path / "w"),
+    kw = dict(limit=2, rules=["reuse penalty"], together=["enum choices", "reuse penalty"], workdir=str(tmp_path / "w"),
               progress=False)
     rep = R.evaluate("data/queries/train.jsonl", "data/mcp_tools", str(out), **kw)
     assert rep["lines"] == 2 and rep["args"] >= 2
-    assert set(rep["rules"]) == {"path penalty", "enum choices + path penalty"}
+    assert set(rep["rules"]) == {"reuse penalty", "enum choices + reuse penalty"}
     for r in rep["rules"].values():
         assert r["gained"] + r["lost"] <= rep["args"] and 0 <= r["sign_test_p"] <= 1
     assert rep["all_rules"]["schema_valid"] == 1.0
