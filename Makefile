@@ -197,6 +197,7 @@ eval: setup eval-public  ## evaluations -> reports/*.json + PNG plots (routing, 
 	$(PY) bench/routing_errors.py --queries $(QUERIES) --tools $(TOOLS) --labels reports/routing_error_labels.json \
 		--json reports/routing_errors.json
 	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
+	$(VENV)/bin/nexus eval rules --queries $(QUERIES) --tools $(TOOLS) --json reports/rules_smollm2-135m.json
 	$(if $(wildcard $(MODEL_CACHE)/slots/reader/model.safetensors),$(PY) bench/slots_int8.py --trained $(MODEL_CACHE)/slots \
 		--json reports/slots_int8.json,@echo "slots_int8: no training form in $(MODEL_CACHE) (make train)")
 	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json
