@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 REPORTS = ROOT / "reports"
 SYSTEM_PROMPT = "You are a helpful assistant. Call a function when one fits the request."
 PARTS = ("new_tools", "plain", "overhead")
+PART_KEYS = ("new_tools", "vs_plain_llama_cpp", "front_overhead")  # where each part's figures go in the report
 
 NAMESPACES = ("acme", "globex", "initech", "umbrella", "hooli", "stark", "wayne", "tyrell", "cyberdyne", "soylent",
               "wonka", "gringotts", "oscorp", "vandelay", "dunder", "pied", "aperture", "blackmesa", "monarch",
@@ -817,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the compiler's llama.cpp threads for KV blocks (default: as `nexus up`)")
     p.add_argument("--skip-undeferred", action="store_true", help="do not time RegisterTools without deferral")
     p.add_argument("--json", default=str(REPORTS / "openai_front.json"))
+    p.add_argument("--update", action="store_true",
+                   help="keep the parts of the existing --json this run does not measure (each part records when "
+                        "it ran and the host's load)")
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     if unknown := set(parts) - set(PARTS):
@@ -868,7 +872,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     report["elapsed_s"] = round(time.perf_counter() - t_start, 1)
     report["host"] = host_info(load0)
+    for part in ("new_tools", "vs_plain_llama_cpp", "front_overhead"):
+        if part in report:
+            report[part]["measured"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                        "host": report["host"]}
     out = Path(a.json)
+    if a.update and out.is_file():  # the parts not run now stay as their own run measured them
+        report = {**{k: v for k, v in json.loads(out.read_text()).items() if k in PART_KEYS}, **report}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out.with_suffix(".png"))

@@ -16,6 +16,17 @@ def test_families_from_metadata():
     assert P.family_of({"general.architecture": "gemma3"}) == "default" and P.family_of({}) == "default"
 
 
+def test_measured_profiles_cite_their_report_and_qwen_runs_no_rule():
+    qwen = P.profile_for({"general.architecture": "qwen2"})
+    off = P.without(EngineConfig(), qwen.off)
+    assert qwen.evidence.startswith("reports/rules_qwen") and not off.copy_bias and not off.slot_hint_bias
+    assert not any(P.rule_is_on(r, off) for r in P.RULES)
+    assert P.profile_for({"general.name": "SmolLM2 135M"}).off == ()
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    assert all((root / p.evidence).is_file() for p in P.PROFILES.values() if p.evidence)
+
+
 def test_profile_choice():
     assert P.profile_for({}, "none").off == () and P.profile_for({}, "none").family == "none"
     assert P.profile_for({"general.architecture": "gemma3"}).family == "default"
