@@ -878,7 +878,11 @@ def main(argv: list[str] | None = None) -> int:
                                         "host": report["host"]}
     out = Path(a.json)
     if a.update and out.is_file():  # the parts not run now stay as their own run measured them
-        report = {**{k: v for k, v in json.loads(out.read_text()).items() if k in PART_KEYS}, **report}
+        old = json.loads(out.read_text())
+        kept = {k: old[k] for k in PART_KEYS if k in old and k not in report}
+        for v in kept.values():
+            v.setdefault("measured", {"at": "an earlier run", "host": old.get("host")})
+        report = {**kept, **report}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out.with_suffix(".png"))
