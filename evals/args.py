@@ -253,6 +253,8 @@ def evaluate(queries: str, tools: str, out_json: str, *, limit: int = 120, seed:
                           "split_rule": "tune = lines whose id number is divisible by 4 (all prompt/IR/decoding "
                                         "tuning used only these, seed 1); heldout = all other lines",
                           "model": str(engine.model_path), "n_ctx": n_ctx,
+                          "profile": {"family": engine.profile.family, "rules_off": list(engine.profile.off),
+                                      "evidence": engine.profile.evidence},
                           "slot_reader": None if engine._slots is None else {
                               "path": cfg.slot_model, "hint_bias": cfg.slot_hint_bias,
                               **{k: engine._slots.meta.get(k) for k in ("data_hash", "threshold", "n_train_lines",
