@@ -29,7 +29,7 @@ from typing import Any
 from evals.args import select_lines, values_match
 from evals.stats import sign_test, wilson
 from services.engine.config import EngineConfig
-from services.engine.profiles import RULES, Rule, rule_is_on
+from services.engine.profiles import RULES, Rule, off_values, rule_is_on
 
 log = logging.getLogger("nexus.eval.rules")
 
@@ -98,10 +98,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
     chosen = [r for r in RULES if r.name in rules or not (rules or together)]
     measured = [r for r in chosen if rule_is_on(r, base_cfg)]
     if together:
-        off: dict[str, Any] = {}
-        for name in together:
-            off.update(next(r for r in RULES if r.name == name).off)
-        measured.append(Rule(" + ".join(together), off, "these rules off together"))
+        measured.append(Rule(" + ".join(together), off_values(together), "these rules off together"))
     registry = load_registry(tools)
     by_name = registry.by_name()
     lines = select_lines([ln for ln in load_queries(queries) if ln.tool in by_name and ln.args], split, limit, seed)

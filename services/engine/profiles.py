@@ -11,6 +11,7 @@ off stays off), and ``profile = "none"`` runs exactly what the configuration say
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,12 +44,17 @@ def rule_is_on(rule: Rule, config: Any) -> bool:
     return any(getattr(config, k) != v for k, v in rule.off.items())
 
 
-def without(config: Any, rules: tuple[str, ...] | list[str]) -> Any:
-    """``config`` with ``rules`` (names of ``RULES``) turned off."""
+def off_values(rules: Sequence[str]) -> dict[str, Any]:
+    """The config values that turn ``rules`` (names of ``RULES``) off, all at once."""
     off: dict[str, Any] = {}
     for name in rules:
         off.update(RULES_BY_NAME[name].off)
-    return replace(config, **off)
+    return off
+
+
+def without(config: Any, rules: Sequence[str]) -> Any:
+    """``config`` with ``rules`` (names of ``RULES``) turned off."""
+    return replace(config, **off_values(rules))
 
 
 @dataclass(frozen=True)
