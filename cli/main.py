@@ -368,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     from evals.rules import add_rules_eval_parser
 
     add_rules_eval_parser(esub)
+    from evals.formats import add_formats_eval_parser
+
+    add_formats_eval_parser(esub)
     from evals.cli_routing import add_routing_eval_parser, add_train_gate_parser
 
     add_routing_eval_parser(esub)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.args import select_lines, values_match
-from evals.stats import sign_test, wilson
+from evals.stats import paired, wilson
 from services.engine.config import EngineConfig
 from services.engine.profiles import RULES, Rule, off_values, rule_is_on
 
@@ -59,14 +59,10 @@ def summarize(lines: Sequence[dict[str, Any]], rules: Sequence[Rule]) -> dict[st
         "schema_valid": sum(ln["arms"][ALL_ON]["valid"] for ln in lines) / max(1, len(lines))}, "rules": {}}
     for r in rules:
         off = flat(r.name)
-        gained = sum(1 for a, b in zip(base, off, strict=True) if a and not b)
-        lost = sum(1 for a, b in zip(base, off, strict=True) if b and not a)
-        p = sign_test(gained, lost)
-        verdict = ("pays" if gained > lost and p < 0.05 else "costs" if lost > gained and p < 0.05
-                   else "no evidence")
+        row = paired(base, off)  # what the rule gains over running without it
+        row["verdict"] = {"gains": "pays", "loses": "costs"}.get(row["verdict"], row["verdict"])
         out["rules"][r.name] = {"what": r.what, "off": r.off, "arg_accuracy_without": sum(off) / n if n else 0.0,
-                                "gained": gained, "lost": lost, "net": gained - lost, "sign_test_p": p,
-                                "verdict": verdict,
+                                **row,
                                 "schema_valid_without": sum(ln["arms"][r.name]["valid"] for ln in lines)
                                 / max(1, len(lines))}
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from typing import Any
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -80,3 +81,16 @@ def sign_test(fixed: int, broken: int) -> float:
     k = min(fixed, broken)
     p = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
     return min(1.0, 2 * p)
+
+
+def paired(arm: Sequence[bool], base: Sequence[bool], alpha: float = 0.05) -> dict[str, Any]:
+    """Paired trials (the same items, right or not, under ``arm`` and ``base``): how many only ``arm`` gets right
+    (gained), only ``base`` (lost), the sign test's two-sided p, and the verdict (``gains`` / ``loses`` at p <
+    ``alpha``, else ``no evidence``)."""
+    if len(arm) != len(base):
+        raise ValueError(f"paired trials of unequal length: {len(arm)} vs {len(base)}")
+    gained = sum(1 for a, b in zip(arm, base, strict=True) if a and not b)
+    lost = sum(1 for a, b in zip(arm, base, strict=True) if b and not a)
+    p = sign_test(gained, lost)
+    verdict = "gains" if gained > lost and p < alpha else "loses" if lost > gained and p < alpha else "no evidence"
+    return {"gained": gained, "lost": lost, "net": gained - lost, "sign_test_p": p, "verdict": verdict}

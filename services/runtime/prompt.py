@@ -123,13 +123,20 @@ class ChatTemplate:
         import jinja2.sandbox
 
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = _tojson  # as Hugging Face renders chat templates: plain JSON, no HTML escaping
         self.source = template or CHATML
         self._tpl = env.from_string(self.source)
         self.bos, self.eos = bos, eos
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def render(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> str:
+        """The prompt up to the assistant's turn; ``tools``: OpenAI-style function entries, for a template that
+        writes them (Qwen2.5's ``# Tools`` system section); a template without tools ignores them."""
         def raise_exception(msg: str):
             raise ValueError(msg)
 
-        return self._tpl.render(messages=messages, add_generation_prompt=True, bos_token=self.bos,
+        return self._tpl.render(messages=messages, tools=tools, add_generation_prompt=True, bos_token=self.bos,
                                 eos_token=self.eos, raise_exception=raise_exception)
+
+
+def _tojson(value, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
