@@ -371,6 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     from evals.formats import add_formats_eval_parser
 
     add_formats_eval_parser(esub)
+    from evals.models import add_models_eval_parser
+
+    add_models_eval_parser(esub)
     from evals.cli_routing import add_routing_eval_parser, add_train_gate_parser
 
     add_routing_eval_parser(esub)
