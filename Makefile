@@ -18,7 +18,7 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval eval-public train-encoder engine engine-install compose-config native-asan fuzz load reliability train
+.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval eval-public eval-models train-encoder engine engine-install compose-config native-asan fuzz load reliability train
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -186,6 +186,15 @@ eval-public: setup  ## the headline routing figure: shipped tools as unseen -> r
 	$(VENV)/bin/nexus eval routing --protocol public --encoder $(MODEL_CACHE)/encoder \
 		--gate $(MODEL_CACHE)/gate-public,var/models/gate --queries $(QUERIES) --tools $(TOOLS) --draws 3 \
 		--json reports/routing_public.json
+
+# The engine's default model by measurement (issue 51): each model on the same held-out lines, resumable, one report.
+ENGINE_MODELS ?= default qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+eval-models: setup  ## engine models side by side (accuracy, first argument, first start, memory) -> reports/models.{json,png}
+	$(MAKE) gguf MODEL=qwen2.5-coder-1.5b
+	for m in $(ENGINE_MODELS); do $(VENV)/bin/nexus eval models --model $$m --queries $(QUERIES) --tools $(TOOLS) \
+		--json reports/models.json --quiet || exit 1; done
+	$(VENV)/bin/nexus eval formats --model qwen2.5-coder-0.5b --queries $(QUERIES) --tools $(TOOLS) \
+		--json reports/formats_qwen2.5-coder-0.5b.json --quiet
 
 eval: setup eval-public  ## evaluations -> reports/*.json + PNG plots (routing, args, splice fidelity / TTFT / drift)
 	$(PY) bench/routing_metatool.py --json reports/routing_metatool.json

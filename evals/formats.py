@@ -199,7 +199,7 @@ def add_formats_eval_parser(sub) -> None:
     p.add_argument("--queries", default="data/queries/train.jsonl")
     p.add_argument("--tools", default="data/mcp_tools")
     p.add_argument("--json", required=True, dest="out")
-    p.add_argument("--model", default="", help="GGUF path of a model whose template has a tool-call format")
+    p.add_argument("--model", default="", help="GGUF path or models/gguf.json name of a model whose template has a tool-call format")
     p.add_argument("--limit", type=int, default=120, help="lines to sample (stratified by server; 0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", choices=("heldout", "tune", "all"), default="heldout")

@@ -120,7 +120,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model: str = "", limit:
 
     from tqdm import tqdm
 
-    from services.common.models import file_fingerprint, gguf_cache, gguf_manifest, resolve_gguf
+    from services.common.models import file_fingerprint, gguf_manifest, resolve_gguf
     from services.common.store import LocalStore
     from services.compiler.kvblock import BlockCompiler
     from services.compiler.signature import signature
@@ -129,9 +129,8 @@ def evaluate(queries: str, tools: str, out_json: str, *, model: str = "", limit:
     from services.runtime.prompt import Turn, build_messages
     from training.data import is_correct, load_queries, load_registry
 
+    path = resolve_gguf(model)
     manifest = gguf_manifest()
-    path = resolve_gguf(str(gguf_cache() / manifest[model]["file"]) if model in manifest
-                        else model)
     fingerprint = file_fingerprint(path)
     name = next((k for k, v in manifest.items() if v["file"] == path.name), path.stem)
     registry = load_registry(tools)
@@ -303,7 +302,7 @@ def add_models_eval_parser(sub) -> None:
     p.add_argument("--queries", default="data/queries/train.jsonl")
     p.add_argument("--tools", default="data/mcp_tools")
     p.add_argument("--json", required=True, dest="out")
-    p.add_argument("--model", default="", help="GGUF path or a models/gguf.json name (default: the engine's)")
+    p.add_argument("--model", default="", help="GGUF path, a models/gguf.json name, or 'default' (the engine's)")
     p.add_argument("--limit", type=int, default=120, help="lines to sample (stratified by server; 0 = all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", choices=("heldout", "tune", "all"), default="heldout")

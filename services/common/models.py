@@ -34,9 +34,15 @@ def default_gguf_path() -> Path:
 
 
 def resolve_gguf(path: str) -> Path:
-    """The configured GGUF path, or the default model when empty."""
-    if not path:
+    """The configured GGUF: a path, the name of a models/gguf.json entry (installed in the GGUF cache), or the default
+    model when empty or "default"."""
+    if not path or path == "default":
         return default_gguf_path()
+    if "/" not in path and not path.endswith(".gguf") and path in gguf_manifest():
+        p = gguf_cache() / gguf_manifest()[path]["file"]
+        if not p.is_file():
+            raise FailedPrecondition(f"model {path!r} is not installed: {p} (make gguf MODEL={path})")
+        return p
     p = Path(path).expanduser()
     if not p.is_file():
         raise FailedPrecondition(f"model file not found: {p}")

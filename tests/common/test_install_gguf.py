@@ -140,3 +140,18 @@ def test_make_gguf_installs_the_generator_and_the_model_asked_for():
     assert "install_gguf.py qwen2.5-coder-0.5b" in plain and "1.5b" not in plain
     both = dry_run("gguf", "MODEL=qwen2.5-coder-1.5b")
     assert "install_gguf.py qwen2.5-coder-0.5b" in both and "install_gguf.py qwen2.5-coder-1.5b" in both
+
+
+def test_an_engine_model_is_named_by_its_manifest_entry(tmp_path, monkeypatch):
+    from services.common import models as MD
+    from services.common.errors import FailedPrecondition
+
+    entry = MD.gguf_manifest()["qwen2.5-coder-1.5b"]
+    monkeypatch.setenv("NEXUS_GGUF_CACHE", str(tmp_path))
+    with pytest.raises(FailedPrecondition, match="make gguf MODEL=qwen2.5-coder-1.5b"):
+        MD.resolve_gguf("qwen2.5-coder-1.5b")
+    (tmp_path / entry["file"]).write_bytes(b"GGUF")
+    assert MD.resolve_gguf("qwen2.5-coder-1.5b") == tmp_path / entry["file"]
+    assert MD.resolve_gguf("default") == MD.resolve_gguf("") == MD.default_gguf_path()
+    with pytest.raises(FailedPrecondition, match="not found"):
+        MD.resolve_gguf("no-such-model")
