@@ -67,13 +67,70 @@ def scores(gate: str, tools, rows) -> dict[str, np.ndarray]:
         store.registry_put(list(tools))
         router = _open_router(store, Embedder(""), gate, exemplar_weight=0.0, precision="int8")
         every = [t.name for t in tools]
-        fit, right, none = [], [], []
+        fit, right, none, cands = [], [], [], []
         for q, tool, fitting in rows:
             d = router.route(q)
             fit.append(d.score)
             right.append(d.tool == tool)
-            none.append(router.route(q, allowed=[n for n in every if n not in fitting]).score)
-    return {"fits": np.array(fit), "right": np.array(right), "none": np.array(none)}
+            n = router.route(q, allowed=[n for n in every if n not in fitting])
+            none.append(n.score)
+            cands.append(([c for c, _ in d.candidates[:TOP_K]], [c for c, _ in n.candidates[:TOP_K]]))
+    return {"fits": np.array(fit), "right": np.array(right), "none": np.array(none), "candidates": cands}
+
+
+# The model's own verdict (--llm): asked whether one of the router's top candidates can do the request, the
+# probability it answers yes (against no). (The first token of Qwen's native tool-call format was tried first:
+# Qwen2.5-Coder-0.5B opens its answer with a bare '{"' far more often than with <tool_call>, tools fitting or not.)
+TOP_K = 3
+FIT_SYSTEM = "You decide whether a request can be done by calling one of the given tools."
+FIT_QUESTION = "Tools:\n{tools}\n\nRequest: {query}\n\nCan one of these tools do this request? Answer yes or no."
+
+
+class FitProbe:
+    """P(yes) / (P(yes) + P(no)) for "can one of these tools do the request", from a llama.cpp chat model; the
+    shared system text stays in the KV cache between prompts."""
+
+    def __init__(self, model: str, n_threads: int = 2):
+        import llama_cpp
+
+        from services.common.models import resolve_gguf
+        from services.runtime.prompt import ChatTemplate
+
+        self.llm = llama_cpp.Llama(str(resolve_gguf(model)), n_ctx=4096, n_threads=n_threads, verbose=False)
+        self.template = ChatTemplate(self.llm.metadata.get("tokenizer.chat_template"))
+        self.yes = [self.llm.tokenize(w, add_bos=False)[0] for w in (b"yes", b"Yes")]
+        self.no = [self.llm.tokenize(w, add_bos=False)[0] for w in (b"no", b"No")]
+        self.name = Path(self.llm.model_path).name
+
+    def __call__(self, query: str, signatures: list[str]) -> float:
+        tools = "\n".join("- " + s for s in signatures)
+        text = self.template.render([{"role": "system", "content": FIT_SYSTEM},
+                                     {"role": "user", "content": FIT_QUESTION.format(tools=tools, query=query)}])
+        toks = self.llm.tokenize(text.encode(), add_bos=False, special=True)
+        prev = self.llm.input_ids[: self.llm.n_tokens]
+        keep = 0
+        while keep < min(len(prev), len(toks) - 1) and prev[keep] == toks[keep]:
+            keep += 1
+        self.llm.n_tokens = keep  # eval() drops the cache past it
+        self.llm.eval(toks[keep:])
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),)).astype(np.float64)
+        y, n = np.logaddexp.reduce(logits[self.yes]), np.logaddexp.reduce(logits[self.no])
+        return float(1 / (1 + np.exp(n - y)))
+
+
+def llm_scores(probe: FitProbe, tools, rows, s: dict, idx: list[int]) -> dict[str, np.ndarray]:
+    """The probe's P(yes) for the requests ``idx`` of ``rows``, with the router's top candidates when a tool
+    fits and when nothing does."""
+    from services.compiler.signature import signature
+
+    sig = {t.name: signature(t) for t in tools}
+    fit, none = [], []
+    for i in idx:
+        q = rows[i][0]
+        c_fit, c_none = s["candidates"][i]
+        fit.append(probe(q, [sig[c] for c in c_fit]))
+        none.append(probe(q, [sig[c] for c in c_none]))
+    return {"fits": np.array(fit), "none": np.array(none)}
 
 
 def rates(s: dict[str, np.ndarray], tau: float) -> dict[str, float]:
@@ -110,6 +167,42 @@ def plot(report: dict, sets: dict[str, dict[str, np.ndarray]], path: str) -> Non
     plt.close(fig)
 
 
+def rank_mean(*scores: np.ndarray) -> list[np.ndarray]:
+    """Each score turned into its rank among both conditions' scores, then averaged over the scorers."""
+    n = len(scores[0]) // 2
+    ranks = [np.argsort(np.argsort(x)) / (len(x) - 1) for x in scores]
+    both = np.mean(ranks, axis=0)
+    return [both[:n], both[n:]]
+
+
+def llm_arm(a, data: dict, sets: dict) -> dict:
+    """The model's P(yes) over a seeded sample of each set's requests, beside the router's score on the same
+    requests and their rank average; the threshold chosen on MetaTool as the router's is."""
+    from tqdm import tqdm
+
+    probe = FitProbe(a.llm)
+    rng = np.random.default_rng(a.seed)
+    out: dict = {"model": probe.name, "top_k": TOP_K, "system": FIT_SYSTEM, "question": FIT_QUESTION, "sets": {}}
+    got: dict = {}
+    for name, (tools, rows) in data.items():
+        idx = sorted(rng.choice(len(rows), size=min(a.llm_sample, len(rows)), replace=False).tolist())
+        t0 = time.time()
+        llm = llm_scores(probe, tools, rows, sets[name], list(tqdm(idx, desc=f"llm {name}", unit="request")))
+        r = {"fits": sets[name]["fits"][idx], "none": sets[name]["none"][idx]}
+        both_fit, both_none = rank_mean(np.concatenate([llm["fits"], llm["none"]]),
+                                        np.concatenate([r["fits"], r["none"]]))
+        got[name] = {"llm": llm, "router": r, "rank mean": {"fits": both_fit, "none": both_none}}
+        out["sets"][name] = {"requests": len(idx), "seconds_per_prompt": round((time.time() - t0) / (2 * len(idx)), 3)}
+    for arm in ("llm", "router", "rank mean"):
+        tau = float(np.quantile(got["metatool"][arm]["fits"], a.miss))
+        for name in got:
+            g = got[name][arm]
+            out["sets"][name][arm] = {"auc": auc(g), "threshold": round(tau, 4),
+                                      "fitting_sent_to_text": float((g["fits"] < tau).mean()),
+                                      "nothing_fits_sent_to_text": float((g["none"] < tau).mean())}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", required=True)
@@ -117,11 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-tool", type=int, default=5, help="MetaTool requests per plugin")
     ap.add_argument("--miss", type=float, default=0.02, help="share of fitting MetaTool requests allowed to text")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llm", default="", help="also a chat model's own verdict: a GGUF (path or models/gguf.json "
+                                              "name), e.g. qwen2.5-coder-1.5b")
+    ap.add_argument("--llm-sample", type=int, default=200, help="requests per set the --llm arm reads")
     a = ap.parse_args(argv)
     if not 0 <= a.miss < 1:
         ap.error("--miss: a share in [0, 1)")
     t0 = time.time()
-    sets = {"metatool": scores(a.gate, *metatool_set(a.per_tool, a.seed)), "shipped": scores(a.gate, *shipped_set())}
+    data = {"metatool": metatool_set(a.per_tool, a.seed), "shipped": shipped_set()}
+    sets = {n: scores(a.gate, *d) for n, d in data.items()}
     tau = float(np.quantile(sets["metatool"]["fits"], a.miss))
     report = {"what": __doc__.split("\n\n")[0], "gate": a.gate, "miss": a.miss, "threshold": round(tau, 4),
               "chosen_on": "metatool", "sets": {n: {"requests": len(s["fits"]), "top1": float(s["right"].mean()),
@@ -130,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                             for t in np.quantile(s["fits"], [0.0, 0.01, 0.02, 0.05, 0.1, 0.2])]
                         for n, s in sets.items()},
               "seconds": round(time.time() - t0, 1)}
+    if a.llm:
+        report["llm"] = llm_arm(a, data, sets)
+        report["seconds"] = round(time.time() - t0, 1)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(report, indent=2))
     plot(report, sets, str(Path(a.json).with_suffix(".png")))
