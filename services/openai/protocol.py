@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from services.common.errors import InvalidArgument, NexusError, NotFound
+from services.common.store import stored_tool
 from services.common.tools import NAME_RE, Tool, parse_tool
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -163,43 +164,32 @@ class _LRU(OrderedDict):
             self.popitem(last=False)
 
 
-class _ValidTools:
-    """What checking tools costs, paid once. An agent sends the same tools on every turn, and checking a JSON Schema
-    costs ~1 ms (300 ms for 300 tools): a request whose ``tools`` are byte for byte those of a recent request reuses
-    that request's tools whole (no tool is decoded or checked again: ~0.1 ms for 300 tools); a new list (a tool added)
-    still reuses each tool seen before, by its canonical JSON."""
-
-    def __init__(self, lists: int = 64, tools: int = 4096):
-        self.lists = _LRU(lists)  # raw JSON of a request's tools (bytes) -> tuple of Tools
-        self.tools = _LRU(tools)  # canonical JSON of one tool -> Tool
-
-    def parse(self, name: str, description: str, params: Any) -> Tool:
-        try:
-            key = json.dumps({"name": name, "description": description, "inputSchema": params}, sort_keys=True,
-                             separators=(",", ":"), ensure_ascii=False)
-        except (TypeError, ValueError):
-            key = None
-        if key is not None and (tool := self.tools.hit(key)) is not None:
-            return tool
-        tool = parse_tool({"name": name, "description": description, "inputSchema": params})
-        if key is not None:
-            self.tools.put(key, tool)
-        return tool
+# What checking tools costs, paid once. An agent sends the same tools on every turn, and checking a JSON Schema costs
+# ~1 ms (300 ms for 300 tools): a request whose ``tools`` are byte for byte those of a recent request reuses that
+# request's tools whole (nothing decoded or checked again: ~0.1 ms for 300 tools); a new list (a tool added) still
+# reuses each tool seen before, by its canonical JSON (``stored_tool``, the memo the engine reads its tools through).
+TOOL_LISTS = _LRU(64)  # raw JSON of a request's tools (bytes) -> tuple of Tools
 
 
-VALID_TOOLS = _ValidTools()
+def _tool(name: str, description: str, params: Any) -> Tool:
+    raw = {"name": name, "description": description, "inputSchema": params}
+    try:
+        key = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return parse_tool(raw)  # not JSON: parse_tool says what is wrong
+    return stored_tool(key)
 
 
 def _tools(raw: Any, max_tools: int) -> tuple[Tool, ...]:
     if isinstance(raw, msgspec.Raw):  # undecoded (parse_body): the same bytes as a recent request's, the same tools
         key = bytes(raw)
-        if (got := VALID_TOOLS.lists.hit(key)) is not None and len(got) <= max_tools:
+        if (got := TOOL_LISTS.hit(key)) is not None and len(got) <= max_tools:
             return got
         try:
             tools = _tools(msgspec.json.decode(key), max_tools)
         except msgspec.DecodeError as e:  # not reached: the envelope's decoding checked the whole body
             raise invalid("tools", f"tools is not valid JSON: {e}") from e
-        VALID_TOOLS.lists.put(key, tools)
+        TOOL_LISTS.put(key, tools)
         return tools
     if raw is None:
         return ()
@@ -223,7 +213,7 @@ def _tools(raw: Any, max_tools: int) -> tuple[Tool, ...]:
             raise invalid(f"{p}.function.description", f"{p}: function.description must be a string")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         try:
-            tool = VALID_TOOLS.parse(name, desc, params)
+            tool = _tool(name, desc, params)
         except InvalidArgument as e:  # SchemaError included: parameters is not a JSON Schema object
             raise invalid(f"{p}.function.parameters", f"{p}: {e.message.replace('inputSchema', 'parameters')}") from e
         if tool.name in seen:

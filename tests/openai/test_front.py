@@ -174,11 +174,13 @@ def test_limits_on_messages_and_tools():
 
 
 def test_the_same_tools_bytes_reuse_the_checked_tools_and_a_new_list_reuses_each_known_tool(monkeypatch):
+    import services.common.store as store
     import services.openai.protocol as protocol
     checked = []
-    real = protocol.parse_tool
-    monkeypatch.setattr(protocol, "parse_tool", lambda d: checked.append(d["name"]) or real(d))
-    monkeypatch.setattr(protocol, "VALID_TOOLS", protocol._ValidTools())
+    real = store.parse_tool
+    monkeypatch.setattr(store, "parse_tool", lambda d: checked.append(json.loads(d)["name"]) or real(d))
+    monkeypatch.setattr(protocol, "TOOL_LISTS", protocol._LRU(64))
+    store.stored_tool.cache_clear()
     first = parse({"model": "nexus", "messages": user("x"), "tools": TOOLS})
     assert checked == [t["function"]["name"] for t in TOOLS]
     again = parse_body(json.dumps({"model": "nexus", "messages": user("y"), "tools": TOOLS}).encode(),
