@@ -288,7 +288,7 @@ def default_router(store):
 def summarize(rows: list[Row], ir_tokens: list[int], registry, engine: Engine) -> dict[str, Any]:
     n = len(rows)
     gens = [r.hybrid for r in rows] + [r.routed_result for r in rows if not r.route_ok]
-    json_ok = sum(1 for g in gens if _is_json(g.arguments_json))
+    json_ok = sum(1 for g in gens if is_json(g.arguments_json))
     schema_ok = sum(1 for g in gens if g.schema_valid)
     routed_hits = [arg_hits(r.hybrid.arguments_json, r.gold_args) for r in rows]
     e2e_hits = [arg_hits(r.routed_result.arguments_json, r.gold_args) if r.route_ok else (0, len(r.gold_args))
@@ -379,7 +379,7 @@ def line_record(r: Row) -> dict[str, Any]:
             "e2e": arm(r.routed_result) if r.route_ok is False else None}
 
 
-def _is_json(text: str) -> bool:
+def is_json(text: str) -> bool:
     try:
         json.loads(text)
         return True

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.args import run_generation, select_lines
+from evals.checkpoint import load_rows, write_report
 from evals.rules import arg_results
 from evals.stats import paired, wilson
 from services.runtime.prompt import SYSTEM, Turn, build_messages
@@ -115,12 +116,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
     model = resolve_gguf(model_path)
     key = {"model": file_fingerprint(model), "formats": list(FORMATS), "system": SYSTEM}
     ckpt = Path(str(out_json) + ".lines.jsonl")
-    done: dict[str, dict[str, Any]] = {}
-    if ckpt.is_file():
-        for raw in ckpt.read_text().splitlines():
-            row = json.loads(raw)
-            if row.get("key") == key:
-                done[row["id"]] = row
+    done = load_rows(ckpt, key)
     todo = [ln for ln in lines if ln.id not in done]
     t0 = time.time()
     if todo:
@@ -160,9 +156,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
               "protocol": {"queries": queries, "split": split, "limit": limit, "seed": seed, "lines": len(rows)},
               **summarize(rows), "seconds_this_run": round(time.time() - t0, 1),
               "per_line": [{k: v for k, v in r.items() if k != "key"} for r in rows]}
-    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, str(Path(out_json).with_suffix(".png")))
+    write_report(out_json, report, plot)
     return report
 
 

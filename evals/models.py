@@ -29,7 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evals.args import SYSTEM_ALL, default_router, run_generation, schema_view, select_lines
+from evals.args import SYSTEM_ALL, default_router, is_json, run_generation, schema_view, select_lines
+from evals.checkpoint import load_rows, write_report
 from evals.rules import arg_results
 from evals.stats import bootstrap_median_ci, median, wilson
 
@@ -44,21 +45,6 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def _load(path: Path, key: dict[str, Any]) -> tuple[dict[str, dict], dict[str, dict]]:
-    lines: dict[str, dict] = {}
-    compiled: dict[str, dict] = {}
-    if path.is_file():
-        for raw in path.read_text().splitlines():
-            try:
-                row = json.loads(raw)
-            except ValueError:  # a line cut by a kill
-                continue
-            if row.get("key") != key:
-                continue
-            (compiled if row["kind"] == "compile" else lines)[row["id"]] = row
-    return lines, compiled
 
 
 def summarize(lines: list[dict[str, Any]], compiled: dict[str, dict]) -> dict[str, Any]:
@@ -141,24 +127,26 @@ def evaluate(queries: str, tools: str, out_json: str, *, model: str = "", limit:
              and i // every < latency_lines}
     key = {"model": fingerprint, "version": VERSION, "n_ctx": n_ctx}
     ckpt = Path(f"{out_json}.{name}.jsonl")
-    done, compiled = _load(ckpt, key)
+    saved = load_rows(ckpt, key)
+    done = {i: r for i, r in saved.items() if r["kind"] == "line"}
+    compiled = {i: r for i, r in saved.items() if r["kind"] == "compile"}
     t0 = time.time()
     store = LocalStore(str(Path(workdir) / fingerprint[:16]))  # kept: its blocks are this model's first start
     store.registry_put(list(registry.tools))
     cfg = replace(EngineConfig(), model_path=str(path), n_ctx=n_ctx, store_url=str(store.root))
     with ckpt.open("a") as out:
-        todo = [t for t in registry.tools if t.name not in compiled]
+        todo = [t for t in registry.tools if f"compile/{t.name}" not in compiled]
         if todo:
             blocks = BlockCompiler(str(path), n_threads=cfg.n_threads)
             for tool in tqdm(todo, desc=f"compile {name}", unit="tool", disable=not progress):
                 tc = time.perf_counter()
                 data, meta = blocks.compile(signature(tool))
                 store.put(blocks.key(tool), data, meta)
-                row = {"key": key, "kind": "compile", "id": tool.name, "seconds": time.perf_counter() - tc,
+                row = {"key": key, "kind": "compile", "id": f"compile/{tool.name}", "seconds": time.perf_counter() - tc,
                        "bytes": len(data)}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
-                compiled[tool.name] = row
+                compiled[row["id"]] = row
             blocks.close()
         rss0 = rss_mb()
         engine = Engine(cfg, store)
@@ -212,7 +200,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model: str = "", limit:
                 row = {"key": key, "kind": "line", "id": ln.id, "tool": ln.tool, "routed": routed,
                        "route_ok": is_correct(routed, ln.tool), "gold": ln.args, "arguments": res.arguments_json,
                        "args": arg_results(res.arguments_json, ln.args), "valid": res.schema_valid,
-                       "json": _is_json(res.arguments_json), "first_arg_ms": res.first_arg_token_ms,
+                       "json": is_json(res.arguments_json), "first_arg_ms": res.first_arg_token_ms,
                        "path": res.path, "latency": lat if len(arms) > 1 else None}
                 out.write(json.dumps(row) + "\n")
                 out.flush()
@@ -239,18 +227,8 @@ def evaluate(queries: str, tools: str, out_json: str, *, model: str = "", limit:
     models = {**report.get("models", {}), name: entry}
     report["models"] = models
     report["verdict"] = verdict(models)
-    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, str(Path(out_json).with_suffix(".png")))
+    write_report(out_json, report, plot)
     return report
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-        return True
-    except ValueError:
-        return False
 
 
 def plot(report: dict[str, Any], path: str) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.args import select_lines, values_match
+from evals.checkpoint import load_rows, write_report
 from evals.stats import paired, wilson
 from services.engine.config import EngineConfig
 from services.engine.profiles import RULES, Rule, off_values, rule_is_on
@@ -104,12 +105,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
     key = {"model": fingerprint, "arms": arms, "config": {f.name: getattr(base_cfg, f.name) for f in fields(base_cfg)
                                                            if f.name.startswith(("copy_", "slot_", "enum_"))}}
     ckpt = Path(str(out_json) + ".lines.jsonl")
-    done: dict[str, dict[str, Any]] = {}
-    if ckpt.is_file():
-        for raw in ckpt.read_text().splitlines():
-            row = json.loads(raw)
-            if row.get("key") == key:
-                done[row["id"]] = row
+    done = load_rows(ckpt, key)
     Path(workdir).mkdir(parents=True, exist_ok=True)
     shutil.rmtree(Path(workdir) / "store", ignore_errors=True)
     store = LocalStore(tempfile.mkdtemp(prefix="store-", dir=workdir))
@@ -151,9 +147,7 @@ def evaluate(queries: str, tools: str, out_json: str, *, model_path: str = "", l
               "not_measured_off_by_default": [r.name for r in chosen if r not in measured],
               **summarize(rows, measured), "seconds_this_run": round(time.time() - t0, 1),
               "per_line": [{k: v for k, v in r.items() if k != "key"} for r in rows]}
-    Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
-    plot(report, str(Path(out_json).with_suffix(".png")))
+    write_report(out_json, report, plot)
     return report
 
 
