@@ -33,6 +33,10 @@ Arms, all in one run over the same registries, every tool embedded as ``training
   the max cosine over its document and its derived requests (Re-Invoke), or by the cosine to the mean of their
   vectors (Tool2Vec). No hand-written request is a key, so these stay unseen-tools figures.
 
+* ``public + cross-encoder`` (unseen, with ``--cross-encoder``): the second stage trained on Seal-Tools only
+  (``training.public_ce``) re-ranks the public encoder's best ``top_k``: cosine + alpha x its logit, alpha chosen on
+  Seal's validation requests; ``... alone``: its logit alone orders them.
+
 * ``router (..., tools as new)`` (with ``--gate``): the production router (services/router, the gate model's INT8
   graph, its calibrated alternate key and lexical weight, the SLB scan) with no exemplar key and no tool bias: every
   shipped tool scored as a user's newly registered tool is. Labelled unseen when the gate model's encoder never
@@ -121,9 +125,10 @@ def centroid_scores(qv: np.ndarray, dv: np.ndarray, kv: np.ndarray, ktool: Seque
 
 
 def rank_hits(scores: np.ndarray, lex: np.ndarray | None, weight: float, lines, regs_by_draw, size: str,
-              pos: Mapping[str, int], names: Sequence[str]) -> dict[str, tuple[bool, bool]]:
+              pos: Mapping[str, int], names: Sequence[str], rerank=None) -> dict[str, tuple[bool, bool]]:
     """``{"<line id>#<draw>": (top-1 right, top-3 right)}``: each line ranked within its drawn registry, scored
-    ``scores`` (+ ``weight`` x BM25 scaled by the registry's best BM25 score when ``lex``)."""
+    ``scores`` (+ ``weight`` x BM25 scaled by the registry's best BM25 score when ``lex``); ``rerank(line index,
+    tool indices, their scores) -> new scores`` re-orders the best ``rerank.top_k`` (a second stage)."""
     from training.data import is_correct
 
     out = {}
@@ -137,10 +142,54 @@ def rank_hits(scores: np.ndarray, lex: np.ndarray | None, weight: float, lines, 
                 m = float(lx.max())
                 if m > 0:
                     s = s + weight * lx / m
-            top = idx[np.argsort(-s, kind="stable")[:3]]
+            order = np.argsort(-s, kind="stable")
+            if rerank is not None:
+                head = order[: rerank.top_k]
+                fused = rerank(i, idx[head], s[head])
+                order = np.concatenate([head[np.argsort(-fused, kind="stable")], order[rerank.top_k:]])
+            top = idx[order[:3]]
             got = [names[j] for j in top]
             out[f"{ln.id}#{d}"] = (is_correct(got[0], ln.tool), any(is_correct(n, ln.tool) for n in got))
     return out
+
+
+class CrossEncoderStage:
+    """The public cross-encoder (``training.public_ce``) as a second stage: ``alpha`` x its logit for (request, tool
+    document) added to the first stage's score of each of the ``top_k`` candidates; logits cached per (line, tool)
+    since the registries of every size and draw share most candidates."""
+
+    def __init__(self, path: str | Path, docs: Sequence[str]):
+        from sentence_transformers import CrossEncoder
+
+        meta = json.loads((Path(path) / "public_ce.json").read_text())
+        self.meta = {k: meta[k] for k in ("recipe", "alpha", "top_k", "max_len", "val_encoder_top1",
+                                          "val_rerank_top1", "val_ce_only_top1", "data_hash")}
+        self.alpha, self.top_k = float(meta["alpha"]), int(meta["top_k"])
+        self.model = CrossEncoder(str(Path(path) / "cross_encoder"), max_length=int(meta["max_len"]), device="cpu")
+        self.docs = docs
+        self.cache: dict[tuple[str, int, int], float] = {}
+        self.pairs_scored = 0
+
+    def logits(self, key: str, i: int, text: str, tools: np.ndarray) -> np.ndarray:
+        import torch
+
+        todo = [int(j) for j in tools if (key, i, int(j)) not in self.cache]
+        if todo:
+            got = self.model.predict([(text, self.docs[j]) for j in todo], activation_fn=torch.nn.Identity(),
+                                     batch_size=32, show_progress_bar=False)
+            self.pairs_scored += len(todo)
+            for j, v in zip(todo, np.atleast_1d(got), strict=True):
+                self.cache[(key, i, j)] = float(v)
+        return np.array([self.cache[(key, i, int(j))] for j in tools])
+
+    def for_lines(self, key: str, texts: Sequence[str], alpha: float | None = None):
+        a = self.alpha if alpha is None else alpha
+
+        def rerank(i: int, tools: np.ndarray, s: np.ndarray) -> np.ndarray:
+            return s + a * self.logits(key, i, texts[i], tools)
+
+        rerank.top_k = self.top_k
+        return rerank
 
 
 def summarize(hits: Mapping[str, tuple[bool, bool]], by_id) -> dict[str, Any]:
@@ -161,12 +210,13 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
              tools: str = str(REPO / "data/mcp_tools"), sizes: str = "10,50,100,250,all", draws: int = 3,
              seed: int = 0, lexical_weight: float = LEXICAL_WEIGHT, servers: Sequence[str] = (),
              new_queries: str = "", gate: str | Sequence[str] = (), score_servers: Sequence[str] = (),
-             derived: str = "", plot_png: bool = True) -> dict[str, Any]:
+             derived: str = "", cross_encoder: str = "", plot_png: bool = True) -> dict[str, Any]:
     """Run the probe (module docstring); ``new_queries``: requests over the shipped tools that are not keys (a JSONL
     file or a directory, e.g. data/routing_calibration; '' = none), scored with all of ``queries`` as exemplar keys.
     ``gate``: gate models, each the production router's arms. ``score_servers``: score only these servers' requests
     (over registries of every tool): a fold whose encoder held them out. ``derived``: a derived-requests file
-    (services.compiler.derive) whose requests key their tools ('' = no derived arms)."""
+    (services.compiler.derive) whose requests key their tools ('' = no derived arms). ``cross_encoder``: a
+    ``training.public_ce`` directory, the second stage's arms ('' = none)."""
     from evals.routing import registries_for
     from evals.unseen import paired
     from services.router.context import routing_text
@@ -259,10 +309,20 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                                                                      "lexical_weight": 0.0}
         arms["public + exemplar keys + bm25, new requests (seen)"] = {"protocol": "seen", "scores": "public keys|new",
                                                                       "lexical_weight": lexical_weight}
+    stage = CrossEncoderStage(cross_encoder, docs) if cross_encoder else None
+    for key in sets if stage else ():
+        tail = ", new requests" if key == "new" else ""
+        # the fused re-rank (alpha chosen on Seal's validation requests) and the cross-encoder's order alone
+        arms[f"public + cross-encoder{tail}"] = {"protocol": "unseen", "scores": f"public dense|{key}",
+                                                 "lexical_weight": 0.0, "rerank": None}
+        arms[f"public + cross-encoder alone{tail}"] = {"protocol": "unseen", "scores": f"public dense|{key}",
+                                                       "lexical_weight": 0.0, "rerank": 1e6}
     for c in arms.values():
         c["lines"] = c["scores"].rsplit("|", 1)[1]
     hits = {a: {s: rank_hits(scores[c["scores"]], sets[c["lines"]]["lex"], c["lexical_weight"],
-                             sets[c["lines"]]["lines"], sets[c["lines"]]["regs"], s, pos, names)
+                             sets[c["lines"]]["lines"], sets[c["lines"]]["regs"], s, pos, names,
+                             rerank=stage.for_lines(c["lines"], sets[c["lines"]]["texts"], c["rerank"])
+                             if "rerank" in c else None)
                 for s in size_list} for a, c in arms.items()}
     gates = [gate] if isinstance(gate, str) else list(gate)
     routers = [router_arms(g, registry, sets, size_list, draws, arms, hits, score_servers) for g in gates if g]
@@ -277,7 +337,9 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                ("public + exemplar keys (seen)", "public dense"),
                ("public dense, new requests", "base dense, new requests"),
                ("public + exemplar keys, new requests (seen)", "base + exemplar keys, new requests (seen)"),
-               ("public + exemplar keys, new requests (seen)", "public dense, new requests")]
+               ("public + exemplar keys, new requests (seen)", "public dense, new requests"),
+               ("public + cross-encoder", "public dense"), ("public + cross-encoder alone", "public dense"),
+               ("public + cross-encoder, new requests", "public dense, new requests")]
     lines_of = {"queries": os.path.relpath(queries, REPO), "new": os.path.relpath(new_queries, REPO) if new_queries
                 else None}
     report: dict[str, Any] = {
@@ -295,6 +357,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                      "derived_tools": len(set(dtool)),
                      "registries": "evals.routing.registries_for (own server first)"},
         "encoders": encoders,
+        "cross_encoder": {**stage.meta, "path": str(cross_encoder), "pairs_scored": stage.pairs_scored}
+        if stage else None,
         "routers": routers,
         "arms": {a: {"protocol": c["protocol"], "lines": lines_of[c["lines"]], "lexical_weight": c["lexical_weight"],
                      "by_size": {s: summarize(hits[a][s], by_id) for s in size_list}} for a, c in arms.items()},
@@ -418,13 +482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="derived requests keying their tools: the derived-keys arms ('' = none)")
     ap.add_argument("--gate", default="", help="comma-separated gate models: the production router's arms")
     ap.add_argument("--score-servers", default="", help="comma-separated: score only these servers' requests")
+    ap.add_argument("--cross-encoder", default="", help="a training.public_ce directory: the second stage's arms")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public.json"))
     a = ap.parse_args(argv)
     rep = evaluate(a.encoder, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes, draws=a.draws,
                    seed=a.seed, lexical_weight=a.lexical_weight,
                    servers=[s for s in a.servers.split(",") if s], new_queries=a.new_queries,
                    gate=[g for g in a.gate.split(",") if g], score_servers=[s for s in a.score_servers.split(",") if s],
-                   derived=a.derived)
+                   derived=a.derived, cross_encoder=a.cross_encoder)
     for arm, x in rep["arms"].items():
         row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
         print(f"{arm:52s} {row}")
