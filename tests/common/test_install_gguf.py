@@ -153,5 +153,23 @@ def test_an_engine_model_is_named_by_its_manifest_entry(tmp_path, monkeypatch):
     (tmp_path / entry["file"]).write_bytes(b"GGUF")
     assert MD.resolve_gguf("qwen2.5-coder-1.5b") == tmp_path / entry["file"]
     assert MD.resolve_gguf("default") == MD.resolve_gguf("") == MD.default_gguf_path()
+    assert MD.resolve_gguf(MD.SMALL_MODEL) == MD.small_gguf_path()
     with pytest.raises(FailedPrecondition, match="not found"):
         MD.resolve_gguf("no-such-model")
+
+
+def test_the_default_model_is_the_measured_one_unless_the_process_names_another(tmp_path, monkeypatch):
+    from services.common import models as MD
+    from services.common.errors import FailedPrecondition
+
+    monkeypatch.delenv("NEXUS_DEFAULT_MODEL", raising=False)
+    assert MD.default_gguf_path() == MD.resolve_gguf(MD.ENGINE_MODEL)
+    monkeypatch.setenv("NEXUS_DEFAULT_MODEL", MD.SMALL_MODEL)
+    assert MD.default_gguf_path() == MD.small_gguf_path() == MD.resolve_gguf("")
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"GGUF")
+    monkeypatch.setenv("NEXUS_DEFAULT_MODEL", str(other))
+    assert MD.resolve_gguf("") == other
+    monkeypatch.setenv("NEXUS_DEFAULT_MODEL", "default")
+    with pytest.raises(FailedPrecondition, match="cannot name the default"):
+        MD.resolve_gguf("")

@@ -21,10 +21,10 @@ from services.compiler.grammar import (
 def vocabulary():
     import llama_cpp
 
-    from services.common.models import default_gguf_path
+    from services.common.models import small_gguf_path
     from services.engine.sampling import Vocabulary
 
-    llm = llama_cpp.Llama(model_path=str(default_gguf_path()), vocab_only=True, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(small_gguf_path()), vocab_only=True, verbose=False)
     yield llm, Vocabulary(llama_cpp, llm._model.vocab, llm.n_vocab())
     llm.close()
 

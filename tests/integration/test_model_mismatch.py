@@ -12,10 +12,10 @@ import pytest
 from nexus.v1 import engine_pb2, engine_pb2_grpc
 from services.common.models import (
     GENERATOR_MODEL,
-    default_gguf_path,
     file_fingerprint,
     gguf_manifest,
     resolve_generator_gguf,
+    small_gguf_path,
 )
 from services.common.store import LocalStore
 from tests.conftest import start_compiler, start_engine
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 def test_an_engine_on_another_gguf_than_the_compiler_reports_both(tmp_path, small_tools, caplog):
     qwen = resolve_generator_gguf("")  # installed by `make setup` (scripts/install_gguf.py)
     qwen_fp = gguf_manifest()[GENERATOR_MODEL]["sha256"]
-    smol = default_gguf_path()
+    smol = small_gguf_path()
     smol_fp = file_fingerprint(smol)
     store_url = str(tmp_path / "store")
     # the compiler compiles no block here (no tool registered while it starts, no backfill): only its model counts
@@ -57,7 +57,7 @@ def test_an_engine_on_another_gguf_than_the_compiler_reports_both(tmp_path, smal
 
 def test_an_engine_on_the_compilers_gguf_reports_no_mismatch(tmp_path, caplog):
     store_url = str(tmp_path / "store")
-    compiler = start_compiler(store_url, kv_backfill=False)  # both on the default SmolLM2-135M
+    compiler = start_compiler(store_url, kv_backfill=False)  # both on the default model (the tests': SmolLM2-135M)
     engine = None
     try:
         with caplog.at_level(logging.INFO, logger="nexus.engine"):
