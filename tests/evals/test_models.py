@@ -21,18 +21,21 @@ def test_end_to_end_counts_an_argument_only_where_the_router_picked_the_gold_too
     assert s["args"] == 6 and s["arg_accuracy_gold_tool"] == pytest.approx(4 / 6)
     assert s["arg_accuracy_e2e"] == pytest.approx(3 / 6) and s["routing_accuracy"] == 0.75
     assert s["latency_lines"] == 2 and s["first_arg_ms_prefix_cached"] == 120.0
-    assert s["speedup_vs_full_schema"] == pytest.approx(500 / 150)
-    assert s["engine_over_prefix_cached"] == pytest.approx(100 / 120)
+    assert s["speedup_vs_full_schema"] == pytest.approx(500 / 150) and len(s["speedup_vs_full_schema_ci95"]) == 2
+    assert s["engine_over_prefix_cached"] == pytest.approx(100 / 120)  # the one line that ran both
+    assert s["engine_over_prefix_cached_ci95"] is None
     assert s["compile"] == {"tools": 2, "seconds": 3.5, "store_mb": 2.0}
 
 
 def test_the_default_is_the_most_accurate_model_that_meets_the_targets():
-    def m(e2e, speedup, over, compile_s):
+    def m(e2e, speedup, over, compile_s, over_ci=None):
         return {"arg_accuracy_e2e": e2e, "arg_accuracy_gold_tool": e2e, "speedup_vs_full_schema": speedup,
-                "engine_over_prefix_cached": over, "compile": {"seconds": compile_s}}
+                "engine_over_prefix_cached": over, "engine_over_prefix_cached_ci95": over_ci,
+                "compile": {"seconds": compile_s}}
 
-    v = M.verdict({"small": m(0.79, 7.0, 0.9, 120), "mid": m(0.86, 6.0, 1.0, 200), "big": m(0.92, 5.0, 1.3, 900)})
-    assert v["default"] == "mid" and v["meets_targets"]
+    v = M.verdict({"small": m(0.79, 7.0, 0.9, 120), "mid": m(0.86, 6.0, 1.06, 200, [0.93, 1.2]),
+                   "big": m(0.92, 5.0, 1.3, 900, [1.1, 1.5])})
+    assert v["default"] == "mid" and v["meets_targets"]  # 1.06x, but its interval holds 1: not slower
     assert len(v["misses"]["big"]) == 2 and not v["misses"]["mid"]
     v = M.verdict({"a": m(0.5, 1.0, 2.0, 10), "b": m(0.6, 1.0, 2.0, 10)})
     assert v["default"] == "b" and not v["meets_targets"]  # none meets them: the most accurate, said so
@@ -63,3 +66,11 @@ def test_a_real_run_on_smollm2_resumes_and_keeps_other_models(tmp_path):
     assert again["models"][name]["seconds_this_run"] < got["seconds_this_run"]
     with pytest.raises(ValueError, match="other lines"):
         M.evaluate("data/queries/train.jsonl", str(tools), str(out), **{**kw, "limit": 2})
+
+
+def test_models_on_the_same_lines_are_compared_argument_by_argument():
+    a = {"per_line": {"x": {"args": [True, False]}, "y": {"args": [False]}}}
+    b = {"per_line": {"x": {"args": [True, True]}, "y": {"args": [True]}}}
+    other = {"per_line": {"z": {"args": [True]}}}
+    got = M.paired_models({"a": a, "b": b, "other": other})
+    assert set(got) == {"b vs a"} and (got["b vs a"]["gained"], got["b vs a"]["lost"]) == (2, 0)
