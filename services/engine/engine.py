@@ -211,9 +211,9 @@ class Engine:
         # the model family's profile turns off the decoding rules that did not pay for it (profiles.py)
         self.profile = profile_for(self.llm.metadata or {}, config.profile)
         self.config = config = without(config, self.profile.off)
-        if self.profile.off:
-            log.info("model profile", extra={"family": self.profile.family, "rules_off": list(self.profile.off),
-                                             "evidence": self.profile.evidence})
+        log.info("model", extra={"path": str(self.model_path), "model": self.model_fingerprint,
+                                 "family": self.profile.family, "rules_off": list(self.profile.off),
+                                 "evidence": self.profile.evidence})
         self.layout = layout_for(self.llm)
         self.template = self.layout.template
         self.sc = SpliceContext(str(self.model_path), n_ctx=config.n_ctx, n_batch=config.n_batch,

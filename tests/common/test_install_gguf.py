@@ -131,15 +131,14 @@ def test_a_wrong_checksum_is_refused_and_leaves_no_file(ig, chunked):
     assert sorted(p.name for p in chunked["cache"].iterdir()) == ["parts"]
 
 
-def test_make_gguf_installs_the_generator_and_the_model_asked_for():
-    def dry_run(*args: str) -> str:
-        return subprocess.run(["make", "-n", "-B", *args], cwd=REPO, capture_output=True, text=True, timeout=60,
-                              check=True).stdout
+def test_make_gguf_installs_the_generator_the_engines_default_and_the_model_asked_for():
+    def dry_run(*args: str) -> list[str]:
+        out = subprocess.run(["make", "-n", "-B", *args], cwd=REPO, capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+        return [ln.split("install_gguf.py ", 1)[1].split()[0] for ln in out.splitlines() if "install_gguf.py " in ln]
 
-    plain = dry_run("gguf")
-    assert "install_gguf.py qwen2.5-coder-0.5b" in plain and "1.5b" not in plain
-    both = dry_run("gguf", "MODEL=qwen2.5-coder-1.5b")
-    assert "install_gguf.py qwen2.5-coder-0.5b" in both and "install_gguf.py qwen2.5-coder-1.5b" in both
+    assert dry_run("gguf") == ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    assert dry_run("gguf", "MODEL=qwen2.5-coder-0.5b") == ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
 
 def test_an_engine_model_is_named_by_its_manifest_entry(tmp_path, monkeypatch):
@@ -173,3 +172,16 @@ def test_the_default_model_is_the_measured_one_unless_the_process_names_another(
     monkeypatch.setenv("NEXUS_DEFAULT_MODEL", "default")
     with pytest.raises(FailedPrecondition, match="cannot name the default"):
         MD.resolve_gguf("")
+
+
+def test_setup_installs_the_engines_default_model():
+    import re
+
+    from services.common import models as MD
+
+    make = (REPO / "Makefile").read_text()
+    engine = re.search(r"^ENGINE_GGUF := (\S+)$", make, re.M).group(1)
+    assert engine == MD.ENGINE_MODEL and engine in MD.gguf_manifest()
+    assert "$(VENV)/.stamp-gguf-$(ENGINE_GGUF)" in re.search(r"^gguf:.*$", make, re.M).group(0)
+    for svc in ("engine", "compiler"):  # and the images do
+        assert engine in (REPO / "deploy" / svc / "Dockerfile").read_text()

@@ -48,10 +48,15 @@ def default_up(tmp_path_factory):
 
 def test_the_engine_and_compiler_run_the_measured_default(default_up):
     _, log_dir = default_up
-    want = file_fingerprint(resolve_gguf(ENGINE_MODEL))
-    lines = [json.loads(ln) for ln in (log_dir / "engine.log").read_text().splitlines() if ln.startswith("{")]
-    same = [ln for ln in lines if ln.get("msg") == "KV blocks: the compiler's model is the engine's"]
-    assert same and same[0]["model"] == want
+    path = resolve_gguf(ENGINE_MODEL)
+
+    def logged(service: str, msg: str) -> dict:
+        lines = [json.loads(ln) for ln in (log_dir / f"{service}.log").read_text().splitlines() if ln.startswith("{")]
+        return next(ln for ln in lines if ln.get("msg") == msg)
+
+    engine = logged("engine", "model")
+    assert engine["path"] == str(path) and engine["model"] == file_fingerprint(path) and engine["family"] == "qwen2"
+    assert logged("compiler", "KV blocks")["model"] == str(path)
 
 
 def test_the_default_model_calls_a_tool_through_the_front(default_up):
