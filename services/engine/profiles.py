@@ -68,9 +68,10 @@ PROFILES: dict[str, Profile] = {
     # every rule left here runs (reports/rules_smollm2-135m.json, 120 held-out lines, 237 arguments: the copy bias
     # +114 / -6 and the slot reader +76 / -7 alone, the small terms +13 / -3 together)
     "smollm2": Profile("smollm2", (), "reports/rules_smollm2-135m.json"),
-    # Qwen2.5-Coder-0.5B writes the stated values itself: no rule pays (reports/rules_qwen2.5-coder-0.5b.json, 40
-    # held-out lines, 84 arguments: the whole copy bias +6 / -8, the slot reader +7 / -6, no other rule gains more
-    # than 2), so none runs, and the slot reader is not loaded
+    # Qwen2.5-Coder-0.5B and -1.5B write the stated values themselves: no rule pays (reports/rules_qwen2.5-coder-0.5b.json,
+    # 40 held-out lines, 84 arguments: the whole copy bias +6 / -8, the slot reader +7 / -6, no other rule gains more
+    # than 2; reports/rules_qwen2.5-coder-1.5b.json, the same lines: copy bias +4 / -4, slot reader +5 / -5), so none
+    # runs, and the slot reader is not loaded
     "qwen2": Profile("qwen2", tuple(r.name for r in RULES), "reports/rules_qwen2.5-coder-0.5b.json"),
     # an unmeasured family runs every rule its configuration enables
     "default": Profile("default"),
