@@ -54,8 +54,9 @@ def resolve_gguf(path: str) -> Path:
         return default_gguf_path()
     if path == SMALL_MODEL:
         return small_gguf_path()
-    if "/" not in path and not path.endswith(".gguf") and path in gguf_manifest():
-        p = gguf_cache() / gguf_manifest()[path]["file"]
+    entry = gguf_manifest().get(path) if "/" not in path and not path.endswith(".gguf") else None
+    if entry is not None:
+        p = gguf_cache() / entry["file"]
         if not p.is_file():
             raise FailedPrecondition(f"model {path!r} is not installed: {p} (make gguf MODEL={path})")
         return p
