@@ -50,7 +50,8 @@ def fits(cold_ms, tool, valid=True):
     return {"overflow": False,
             "complete_cold": {"status": 200, "ms": cold_ms, "tool": tool, "valid": valid, "prompt_tokens": 1300},
             "complete_warm": {"status": 200, "ms": cold_ms / 4, "tool": tool, "valid": valid},
-            "stream_named_cold": {"first_chunk_ms": cold_ms / 2, "tool": tool}}
+            "complete_prefix": {"status": 200, "ms": cold_ms / 2, "tool": tool, "valid": valid},
+            "stream_named_prefix": {"first_chunk_ms": cold_ms / 2, "tool": tool}}
 
 
 def test_the_plain_summary_per_size_with_overflow_and_goals():
@@ -64,11 +65,13 @@ def test_the_plain_summary_per_size_with_overflow_and_goals():
     small = s["20"]
     assert small["front"]["complete_ms"] == 1100 and small["front"]["right_tool"] == 2
     assert small["plain"]["complete_ms_cold"] == 2500 and small["plain"]["complete_ms_warm"] == 625
+    assert small["plain"]["complete_ms_prefix_warm"] == 1250 and small["plain"]["right_tool_prefix_warm"] == 1
     assert small["plain"]["right_tool"] == 1 and small["plain"]["valid_arguments"] == 1
     assert small["speedup_complete_cold"] == round(2500 / 1100, 2) and small["goal_right_tool"]
     assert "goal_3x_cold" not in small  # the 3x goal starts at 50 tools
     # 50 tools: the front picked the wrong tool where the plain server did not, and is only 2.5x sooner
     assert not s["50"]["goal_right_tool"] and s["50"]["goal_3x_cold"] is False
+    assert s["50"]["speedup_complete_prefix_warm"] == 1.25 and s["50"]["goal_3x_prefix_warm"] is False
     big = s["300"]
     assert big["plain"] == {"n_ctx": 8192, "overflow": 2, "requests": 2, "overflow_prompt_tokens": 16958}
     assert "speedup_complete_cold" not in big and big["goal_right_tool"] and big["goal_3x_cold"]
