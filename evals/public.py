@@ -426,7 +426,7 @@ def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[s
             "exemplar_weight": float((meta.get("slb") or {}).get("exemplar_weight") or 0.0), "precision": "int8"}
 
 
-def plot(report: dict[str, Any], path: str) -> None:
+def plot(report: dict[str, Any], path: str, title: str = "encoder trained on public tools only") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -455,7 +455,7 @@ def plot(report: dict[str, Any], path: str) -> None:
             ax.set_title(f"{title}: {metric} (dashed: seen, exemplar keys)", fontsize=9)
             ax.grid(alpha=0.3)
         axes[row][0].legend(fontsize=7)
-    fig.suptitle(f"encoder trained on public tools only; {p['tools']} shipped tools as unseen, {p['draws']} draws",
+    fig.suptitle(f"{title}; {p['tools']} shipped tools as unseen, {p['draws']} draws",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -247,3 +247,46 @@ def test_the_public_protocol_adds_the_production_routers_arm(tiny_encoder, small
     x = rep["arms"][arm]["by_size"]
     assert x["3"]["n_line_draws"] == 2 * rep["protocol"]["lines"] and x["all"]["n_line_draws"] == rep["protocol"]["lines"]
     assert 0 < x["3"]["top1"] <= x["3"]["top3"] <= 1
+
+
+def test_fold_encoders_score_only_their_unseen_servers_and_pool(tiny_encoder, tmp_path):
+    from evals import public_folds
+
+    _, _, pairs, tools = tiny_encoder
+    folds = []
+    for held in ("time", "redis"):
+        out = tmp_path / held
+        public.train(pairs, tools, out, public.PublicHyperParams(epochs=1, batch_size=32), progress=False,
+                     extra_meta={"holdout_servers": held})
+        folds.append(str(out))
+    rep = public_folds.evaluate_folds(folds, str(tmp_path / "f.json"), base="", sizes="3,all", draws=2,
+                                      new_queries="", servers=("time", "redis"))
+    assert [f["holdout_servers"] for f in rep["folds"]] == [["time"], ["redis"]]
+    assert rep["protocol"]["scored_servers"] == ["redis", "time"] and rep["protocol"]["unscored_servers"] == []
+    dense = rep["arms"]["public dense"]["by_size"]["all"]
+    assert set(dense["top1_by_server"]) == {"time", "redis"}
+    assert dense["n_lines"] == rep["protocol"]["lines"] == sum(f["lines"] for f in rep["folds"])
+    assert dense["top1_wilson95"][0] <= dense["top1"] <= dense["top1_wilson95"][1]
+    assert (tmp_path / "f.png").is_file()
+    with pytest.raises(ValueError, match="already another fold"):
+        public_folds.evaluate_folds([folds[0], folds[0]], str(tmp_path / "g.json"), base="", new_queries="",
+                                    servers=("time", "redis"))
+    with pytest.raises(ValueError, match="held out no server"):
+        public_folds.holdout_of(tiny_encoder[0])
+
+
+def test_pooling_folds_weights_each_by_its_line_draws_and_sums_the_paired_counts():
+    from evals.public_folds import pool
+
+    def rep(n, k1, k3, server, fixed, broken):
+        row = {"n_line_draws": n, "n_lines": n // 2, "top1": k1 / n, "top3": k3 / n, "top1_by_server": {server: k1 / n}}
+        return {"arms": {"public dense": {"protocol": "unseen", "lines": "q", "lexical_weight": 0.0,
+                                          "by_size": {"250": row}}},
+                "paired": {"public dense vs base dense": {"250": {"fixed": fixed, "broken": broken}}}}
+
+    out = pool([rep(100, 60, 80, "a", 10, 2), rep(300, 240, 270, "b", 5, 5)])
+    row = out["arms"]["public dense"]["by_size"]["250"]
+    assert row["n_line_draws"] == 400 and row["top1"] == 0.75 and row["top3"] == 0.875
+    assert row["top1_by_fold"] == [0.6, 0.8] and row["top1_by_server"] == {"a": 0.6, "b": 0.8}
+    p = out["paired"]["public dense vs base dense"]["250"]
+    assert (p["fixed"], p["broken"]) == (15, 7) and 0 < p["sign_test_p"] < 1
