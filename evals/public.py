@@ -462,6 +462,14 @@ def plot(report: dict[str, Any], path: str, title: str = "encoder trained on pub
     plt.close(fig)
 
 
+def print_arms(rep: dict[str, Any], path: str) -> None:
+    """One line per arm: top-1/top-3 % at every size."""
+    for arm, x in rep["arms"].items():
+        row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
+        print(f"{arm:52s} {row}")
+    print(f"written {path} ({rep['seconds']} s)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from training.data import prepare_training_env
 
@@ -490,10 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    servers=[s for s in a.servers.split(",") if s], new_queries=a.new_queries,
                    gate=[g for g in a.gate.split(",") if g], score_servers=[s for s in a.score_servers.split(",") if s],
                    derived=a.derived, cross_encoder=a.cross_encoder)
-    for arm, x in rep["arms"].items():
-        row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
-        print(f"{arm:52s} {row}")
-    print(f"written {a.json} ({rep['seconds']} s)")
+    print_arms(rep, a.json)
     return 0
 
 

@@ -164,12 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not a.fold:
         ap.error("give --fold DIR (one per fold) or --split K")
+    from evals.public import print_arms
+
     rep = evaluate_folds(a.fold, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes,
                          draws=a.draws, new_queries=a.new_queries)
-    for arm, x in rep["arms"].items():
-        row = "  ".join(f"N={s}: {100 * v['top1']:.1f}/{100 * v['top3']:.1f}" for s, v in x["by_size"].items())
-        print(f"{arm:52s} {row}")
-    print(f"written {a.json} ({rep['seconds']} s)")
+    print_arms(rep, a.json)
     return 0
 
 
