@@ -1,13 +1,13 @@
 """`make run`'s first start timed: `nexus up` on an empty store with the shipped registry, until it prints that Nexus
-is up (every service healthy, every tool registered and its KV block compiled), written to
+is up (every service healthy, every tool registered) and until every KV block is compiled, written to
 reports/first_start.json (issue 51's target: <= 5 minutes on the default model).
 
     nice -n 5 .venv/bin/python bench/first_start.py [--model qwen2.5-coder-1.5b] [--json reports/first_start.json]
 
 Runs `nexus up --tools data/mcp_tools` as `make run` does, on free ports, a new store directory and the engine's
 default model (``--model`` sets ``NEXUS_DEFAULT_MODEL`` for it), reads its progress lines as they come and stops it
-(SIGTERM: it stops its services) once it is up. Reports the seconds to each phase (services healthy, tools
-registered, up), the store's size on disk (KV blocks and the rest) and the host's load. Not a test: the time depends
+(SIGTERM: it stops its services) once its KV blocks are compiled. Reports the seconds to each phase (services
+healthy, tools registered, up, KV blocks), the store's size on disk (KV blocks and the rest) and the host's load. Not a test: the time depends
 on the machine and its load.
 """
 
@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = (("compiler", re.compile(r"waiting for engine")), ("engine", re.compile(r"waiting for router")),
           ("router", re.compile(r"waiting for the OpenAI-compatible front")),
-          ("registered", re.compile(r"^registered \d+ tools")), ("up", re.compile(r"^Nexus is up")))
+          ("registered", re.compile(r"^registered \d+ tools")), ("up", re.compile(r"^Nexus is up")),
+          ("kv_blocks", re.compile(r"^every KV block compiled")))
 
 
 def free_port() -> int:
@@ -42,7 +43,7 @@ def dir_bytes(path: Path, pattern: str = "*") -> int:
     return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file())
 
 
-def first_start(model: str, tools: str, timeout_s: float) -> dict:
+def first_start(model: str, tools: str, timeout_s: float, wait_kv_blocks: bool = False) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="first-start-"))
     store = tmp / "store"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -50,7 +51,7 @@ def first_start(model: str, tools: str, timeout_s: float) -> dict:
         env["NEXUS_DEFAULT_MODEL"] = model
     ports = [f"--{s}-port={free_port()}" for s in ("router", "compiler", "engine", "openai")]
     cmd = [str(Path(sys.executable).parent / "nexus"), "up", "--tools", tools, "--store", str(store), "--log-dir",
-           str(tmp / "log"), *ports]
+           str(tmp / "log"), *ports, *(["--wait-kv-blocks"] if wait_kv_blocks else [])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)
@@ -65,7 +66,7 @@ def first_start(model: str, tools: str, timeout_s: float) -> dict:
                 if phase not in at and pat.search(line.split("\r")[-1]):
                     at[phase] = round(time.perf_counter() - t0, 1)
                     print(f"[first start] {phase}: {at[phase]:.1f} s", flush=True)
-            if "up" in at or time.perf_counter() - t0 > timeout_s:
+            if ("up" in at and (wait_kv_blocks or "kv_blocks" in at)) or time.perf_counter() - t0 > timeout_s:
                 break
         store_bytes = dir_bytes(store)
         kv_bytes = dir_bytes(store, "atb-*")  # the store's KV-block objects (services.common.store.artifact_key)
@@ -77,8 +78,10 @@ def first_start(model: str, tools: str, timeout_s: float) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
         shutil.rmtree(tmp, ignore_errors=True)
-    if "up" not in at:
-        raise RuntimeError("nexus up did not come up:\n" + "\n".join(lines[-30:]))
+    if "up" not in at or not (wait_kv_blocks or "kv_blocks" in at):
+        raise RuntimeError("nexus up did not come up (or compile its KV blocks):\n" + "\n".join(lines[-30:]))
+    if wait_kv_blocks:
+        at["kv_blocks"] = at["up"]
     return {"seconds": at, "store_mb": round(store_bytes / 2**20, 1), "kv_blocks_mb": round(kv_bytes / 2**20, 1),
             "kv_blocks": n_blocks}
 
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 "engine's default model)")
     p.add_argument("--tools", default=str(ROOT / "data/mcp_tools"))
     p.add_argument("--budget-s", type=float, default=300.0, help="the target (issue 51: 5 minutes)")
+    p.add_argument("--wait-kv-blocks", action="store_true",
+                   help="nexus up --wait-kv-blocks: every KV block compiled before it is up (the old first start)")
     p.add_argument("--timeout-s", type=float, default=1800.0)
     p.add_argument("--json", default=str(ROOT / "reports/first_start.json"))
     a = p.parse_args(argv)
@@ -99,11 +104,15 @@ def main(argv: list[str] | None = None) -> int:
 
     gguf = resolve_gguf("")
     load0 = [round(x, 2) for x in os.getloadavg()]
-    res = first_start(a.model, a.tools, a.timeout_s)
-    report = {"what": "`nexus up --tools data/mcp_tools` (as `make run`) on an empty store until 'Nexus is up': every "
-                      "service healthy, every shipped tool registered and its KV block compiled",
+    res = first_start(a.model, a.tools, a.timeout_s, a.wait_kv_blocks)
+    report = {"what": "`nexus up --tools data/mcp_tools` (as `make run`) on an empty store: seconds until 'Nexus is up' "
+                      "(every service healthy, every shipped tool registered: it routes and generates) and until "
+                      "every KV block is compiled (in the compiler's background, or before 'up' with "
+                      "--wait-kv-blocks)",
+              "wait_kv_blocks": a.wait_kv_blocks,
               "model": gguf.name, "tools": os.path.relpath(a.tools, ROOT), **res,
-              "budget_s": a.budget_s, "within_budget": res["seconds"]["up"] <= a.budget_s,
+              "budget_s": a.budget_s, "up_within_budget": res["seconds"]["up"] <= a.budget_s,
+              "kv_blocks_within_budget": res["seconds"]["kv_blocks"] <= a.budget_s,
               "host": {"cpus": os.cpu_count(), "load_avg_at_start": load0,
                        "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]},
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

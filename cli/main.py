@@ -111,20 +111,60 @@ def grpcurl_path() -> str:
     return "grpcurl"
 
 
-def register_dir(client, tools_dir: str, batch: int = 25, progress: bool = True) -> int:
+def register_dir(client, tools_dir: str, batch: int = 25, progress: bool = True, defer_kv_blocks: bool = False) -> int:
+    """Register every tool of ``tools_dir``; ``defer_kv_blocks``: return once they route and generate, their KV
+    blocks compiling in the compiler's background."""
     from tqdm import tqdm
 
     from services.common.tools import load_registry_dir
 
     tools = load_registry_dir(tools_dir)
     raw = [t.to_json() for t in tools]
-    with tqdm(total=len(raw), desc="register+compile", unit="tool", disable=not progress, file=sys.stderr) as bar:
+    with tqdm(total=len(raw), desc="register" if defer_kv_blocks else "register+compile", unit="tool",
+              disable=not progress, file=sys.stderr) as bar:
         for i in range(0, len(raw), batch):
-            resp = client.register(raw[i : i + batch])
+            resp = client.register(raw[i : i + batch], defer_kv_blocks=defer_kv_blocks)
             for w in resp.warnings:  # e.g. a schema keyword the grammar cannot enforce
                 bar.write(f"warning: {w}", file=sys.stderr)
             bar.update(len(raw[i : i + batch]))
     return len(raw)
+
+
+def kv_pending(metrics_url: str) -> float | None:
+    """The compiler's queue of background KV blocks (``nexus_kv_blocks_pending``); None when unreadable."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("nexus_kv_blocks_pending "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def follow_kv_blocks(metrics_url: str, alive, poll_s: float = 1.0) -> float | None:
+    """A progress bar of the compiler's background KV blocks until its queue is empty (or ``alive()`` turns
+    False); returns the seconds it took, None when the compiler's metrics cannot be read."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    first = kv_pending(metrics_url)
+    if first is None:
+        return None
+    with tqdm(total=int(first), desc="KV blocks (background)", unit="block", file=sys.stderr) as bar:
+        pending = first
+        while pending and alive():
+            time.sleep(poll_s)
+            now = kv_pending(metrics_url)
+            if now is None:
+                return None
+            if now > bar.total:  # more queued meanwhile (another client registered tools)
+                bar.total = int(now) + bar.n
+            bar.update(max(0, int(bar.total - now) - bar.n))
+            pending = now
+    return time.perf_counter() - t0
 
 
 def try_lines(ports: dict[str, int]) -> str:
@@ -155,14 +195,15 @@ def try_lines(ports: dict[str, int]) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
+    from services.compiler.config import CompilerConfig
 
     ports = {s: getattr(args, f"{s}_port") for s in SERVICES}
     ports[FRONT] = args.openai_port
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env["NEXUS_ROUTER_COMPILER_ADDR"] = f"127.0.0.1:{ports['compiler']}"
-    # the registration below compiles every tool's KV block while the engine and the router wait: the compiler
-    # takes the host's cores for it (1.7x per block on 2 cores; blocks are bit-identical at any thread count)
+    # the compiler takes the host's cores for the KV blocks (1.7x per block on 2 cores; blocks are bit-identical at
+    # any thread count): in its background thread, niced, so the services' own calls keep the cores they need
     env.setdefault("NEXUS_COMPILER_KV_THREADS", str(min(os.cpu_count() or 1, 4)))
     procs: dict[str, subprocess.Popen] = {}
     log_dir = Path(args.log_dir)
@@ -200,17 +241,25 @@ def cmd_up(args: argparse.Namespace) -> int:
         with NexusClient(router=f"127.0.0.1:{ports['router']}", engine=f"127.0.0.1:{ports['engine']}",
                          compiler=f"127.0.0.1:{ports['compiler']}") as client:
             if args.tools:
-                n = register_dir(client, args.tools)
+                n = register_dir(client, args.tools, defer_kv_blocks=not args.wait_kv_blocks)
                 print(f"registered {n} tools from {args.tools}; keys: {keys_summary(client)} (a pending tool routes "
                       "on its text key until the compiler has derived its requests)", file=sys.stderr)
+        metrics_url = f"http://127.0.0.1:{env.get('NEXUS_COMPILER_METRICS_PORT') or CompilerConfig.metrics_port}/metrics"
+        deferred = bool(args.tools) and not args.wait_kv_blocks
         print(f"\nNexus is up (store: {args.store}; logs: {log_dir}/). Try:\n{try_lines(ports)}\n"
-              f"\nCtrl-C stops the cluster.", flush=True)
+              + (f"\nKV blocks compile in the background (until a tool's block is stored the engine prefills its "
+                 f"signature as text; progress: nexus_kv_blocks_pending on {metrics_url})." if deferred else "")
+              + "\nCtrl-C stops the cluster.", flush=True)
         if args.detach:
             return 0
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         # Ctrl-C stops the cluster even when we were started with SIGINT ignored (a background job of a
         # non-interactive shell inherits SIG_IGN, and Python then installs no KeyboardInterrupt handler)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if deferred:
+            took = follow_kv_blocks(metrics_url, lambda: all(p.poll() is None for p in procs.values()))
+            if took is not None and all(p.poll() is None for p in procs.values()):
+                print(f"every KV block compiled ({took:.0f} s after Nexus was up)", flush=True)
         while all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
         dead = [s for s, p in procs.items() if p.poll() is not None]
@@ -321,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--store", default="var/store")
     u.add_argument("--log-dir", default="var/log")
     u.add_argument("--detach", action="store_true", help="leave the services running and return")
+    u.add_argument("--wait-kv-blocks", action="store_true",
+                   help="compile every tool's KV block before Nexus is up (default: up once the tools route and "
+                        "generate, the blocks compiling in the background)")
     for svc, port in DEFAULT_PORTS.items():
         u.add_argument(f"--{svc}-port", type=int, default=port)
     u.add_argument("--openai-port", type=int, default=FRONT_PORT,
