@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# nexus up prints "waiting for X" before it waits for X: a service is healthy when the next one's line comes
 PHASES = (("compiler", re.compile(r"waiting for engine")), ("engine", re.compile(r"waiting for router")),
           ("router", re.compile(r"waiting for the OpenAI-compatible front")),
           ("registered", re.compile(r"^registered \d+ tools")), ("up", re.compile(r"^Nexus is up")),

@@ -51,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,11 +220,12 @@ class Stack:
         wait_http_healthy(f"http://{self.addr('openai')}/health", timeout_s=300, proc=self.procs["openai"])
 
     def kv_pending(self) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith("nexus_kv_blocks_pending "):
-                    return float(line.split()[1])
-        return 0.0
+        from cli.main import kv_pending
+
+        pending = kv_pending(f"http://127.0.0.1:{self.metrics_port}/metrics")
+        if pending is None:
+            raise RuntimeError(f"the compiler's metrics on port {self.metrics_port} cannot be read")
+        return pending
 
     def wait_blocks(self, timeout_s: float = 1800) -> float:
         """Seconds until the compiler's background KV queue is empty."""
