@@ -210,13 +210,15 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
              tools: str = str(REPO / "data/mcp_tools"), sizes: str = "10,50,100,250,all", draws: int = 3,
              seed: int = 0, lexical_weight: float = LEXICAL_WEIGHT, servers: Sequence[str] = (),
              new_queries: str = "", gate: str | Sequence[str] = (), score_servers: Sequence[str] = (),
-             derived: str = "", cross_encoder: str = "", plot_png: bool = True) -> dict[str, Any]:
+             derived: str = "", cross_encoder: str = "", router_tag: str = "", plot_png: bool = True
+             ) -> dict[str, Any]:
     """Run the probe (module docstring); ``new_queries``: requests over the shipped tools that are not keys (a JSONL
     file or a directory, e.g. data/routing_calibration; '' = none), scored with all of ``queries`` as exemplar keys.
     ``gate``: gate models, each the production router's arms. ``score_servers``: score only these servers' requests
     (over registries of every tool): a fold whose encoder held them out. ``derived``: a derived-requests file
     (services.compiler.derive) whose requests key their tools ('' = no derived arms). ``cross_encoder``: a
-    ``training.public_ce`` directory, the second stage's arms ('' = none)."""
+    ``training.public_ce`` directory, the second stage's arms ('' = none). ``router_tag``: the name of the one
+    gate model's arms (default ``router <its directory>``)."""
     from evals.routing import registries_for
     from evals.unseen import paired
     from services.router.context import routing_text
@@ -325,7 +327,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                              if "rerank" in c else None)
                 for s in size_list} for a, c in arms.items()}
     gates = [gate] if isinstance(gate, str) else list(gate)
-    routers = [router_arms(g, registry, sets, size_list, draws, arms, hits, score_servers) for g in gates if g]
+    routers = [router_arms(g, registry, sets, size_list, draws, arms, hits, score_servers,
+                           tag=router_tag if len(gates) == 1 else "") for g in gates if g]
     by_id = {ln.id: ln for ls in sets.values() for ln in ls["lines"]}
     # (arm, what it is compared with, on the same lines): the training's gain per scoring, BM25's, the keys'
     against = [("public dense", "base dense"), ("public + bm25", "base + bm25"), ("base + bm25", "base dense"),
@@ -340,6 +343,8 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                ("public + exemplar keys, new requests (seen)", "public dense, new requests"),
                ("public + cross-encoder", "public dense"), ("public + cross-encoder alone", "public dense"),
                ("public + cross-encoder, new requests", "public dense, new requests")]
+    against += [(a, "public dense, new requests" if a.endswith("new requests") else "public dense")
+                for r in routers for a in arms if a.startswith(f"{r['arm']} (")]
     lines_of = {"queries": os.path.relpath(queries, REPO), "new": os.path.relpath(new_queries, REPO) if new_queries
                 else None}
     report: dict[str, Any] = {
@@ -389,11 +394,13 @@ def gate_protocol(gate: str | Path, servers: Sequence[str] = ()) -> str:
 
 
 def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[str], draws: int,
-                arms: dict[str, dict[str, Any]], hits: dict[str, Any], score_servers: Sequence[str] = ()
-                ) -> dict[str, Any]:
+                arms: dict[str, dict[str, Any]], hits: dict[str, Any], score_servers: Sequence[str] = (),
+                tag: str = "") -> dict[str, Any]:
     """The production router's arms (module docstring), added to ``arms`` and ``hits``; what the gate model is.
     Every tool scored as a new one (no exemplar key, no bias) on each line set, and, on the new requests, the router
-    as it serves (the gate model's own exemplar keys and weight: a seen figure)."""
+    as it serves (the gate model's own exemplar keys and weight): a seen figure, unless the gate model's encoder and
+    keys took nothing of the scored servers (a fold's gate: the scored tools are new beside keyed ones, as a user's
+    tools are beside the shipped ones). ``tag``: the arms' name (default ``router <gate directory>``)."""
     import tempfile
 
     from evals.routing import _open_router, route_lines
@@ -402,10 +409,12 @@ def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[s
 
     meta = json.loads((Path(gate) / "gate.json").read_text())
     label = gate_protocol(gate, score_servers)
-    tag = f"router {Path(gate).name}"
+    tag = tag or f"router {Path(gate).name}"
+    scored = {n for n in registry.names if not score_servers or registry.server_of[n] in set(score_servers)}
+    keyed = scored & set(meta.get("tool_schemas") or {})
     passes = [(0.0, "tools as new", label, tuple(sets))]
     if "new" in sets:
-        passes.append((-1.0, "as it serves", "seen", ("new",)))
+        passes.append((-1.0, "as it serves", "seen" if keyed else label, ("new",)))
     with tempfile.TemporaryDirectory(prefix="nexus-public-") as tmp:
         store = LocalStore(tmp)
         store.registry_put(list(registry.tools))

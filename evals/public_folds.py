@@ -4,7 +4,7 @@ shipped servers it never saw (issue 50; DESIGN §7's shipped recipe, measured as
     python -m evals.public_folds --split 2                      # print the folds' servers (training's holdouts)
     python -m training.public --with-shipped --holdout-servers <fold i's servers> --out DIR_i   (per fold)
     python -m evals.public_folds --fold DIR_0 --fold DIR_1 [--base ~/.cache/nexus/models/public_encoder] \
-        --json reports/routing_public_folds.json
+        [--gates] --json reports/routing_public_folds.json
 
 An encoder trained on Seal-Tools alone never saw a shipped tool, so one model scores the whole registry
 (``evals.public``). One trained on Seal plus the shipped tools' own requests (``--with-shipped``) has seen them: its
@@ -18,6 +18,14 @@ In the pooled report ``public`` names the fold encoders (public + ours, unseen s
 encoder (default: the Seal-only public encoder), so ``public dense vs base dense`` is what our requests add for
 tools the encoder never saw. The ``(seen)`` arms key each scored tool by its hand-written requests too (the
 data a user may supply at registration), never by the scored request.
+
+``--gates``: the router as it serves, per fold. Each fold's gate model is built on the fold's encoder as the shipped
+one is built on the shipped encoder (``training.gate.SHIPPED_GATE``: encoder kept, no cross-encoder, the SLB's
+exemplar keys and weights calibrated), from the other fold's servers only (``evals.unseen.fold_gate``: their tools,
+requests, augment and calibration lines; a few minutes a fold, cached by data hash). Its arms, named ``router`` in
+every fold: ``router (unseen, tools as new)``, every tool keyed by its text as a new registration is, and, on the
+new requests, ``router (unseen, as it serves)``: the other fold's tools keyed by their requests, the scored ones new,
+as a user's tools sit beside the shipped ones.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BASE = Path.home() / ".cache/nexus/models/public_encoder"
+DEFAULT_GATES_ROOT = Path.home() / ".cache/nexus/models/public-fold-gates"
 
 
 def fold_servers(tools: str = str(REPO / "data/mcp_tools"), k: int = 2, seed: int = 0) -> list[list[str]]:
@@ -94,9 +103,13 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
                    queries: str = str(REPO / "data/queries/train.jsonl"), tools: str = str(REPO / "data/mcp_tools"),
                    sizes: str = "10,50,100,250,all", draws: int = 3, seed: int = 0,
                    new_queries: str = str(REPO / "data/routing_calibration"), servers: Sequence[str] = (),
-                   plot_png: bool = True) -> dict[str, Any]:
+                   gates: bool = False, augment: str = str(REPO / "data/routing_augment"),
+                   calibration: str = str(REPO / "data/routing_calibration"),
+                   gates_root: str = str(DEFAULT_GATES_ROOT), plot_png: bool = True) -> dict[str, Any]:
     """Score each fold encoder on its held-out servers (``evals.public.evaluate``) and pool them (module
-    docstring); writes ``out_json`` (+ PNG) and returns the report. ``servers``: restrict the registry (tests)."""
+    docstring); writes ``out_json`` (+ PNG) and returns the report. ``servers``: restrict the registry (tests).
+    ``gates``: add each fold's router arms (module docstring), its gate model built from ``queries``, ``augment``
+    and ``calibration`` lines of the other folds' servers under ``gates_root``."""
     from evals.public import evaluate, plot
 
     t0 = time.time()
@@ -106,16 +119,23 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
         if seen & set(h):
             raise ValueError(f"{f} holds out {sorted(seen & set(h))}, already another fold's")
         seen |= set(h)
-    runs = []
+    from training.data import load_registry
+
+    registry = load_registry(tools)
+    if servers:
+        registry = registry.subset([n for n in registry.names if registry.server_of[n] in set(servers)])
+    runs, gate_dirs = [], []
     with tempfile.TemporaryDirectory(prefix="public-folds-") as tmp:
         for i, (f, h) in enumerate(zip(folds, held, strict=True)):
             print(f"[folds] fold {i}: {f} on {len(h)} held-out servers", file=sys.stderr, flush=True)
+            gate = ""
+            if gates:
+                gate = str(fold_gate_model(f, h, registry, queries, augment, calibration, gates_root, seed))
+                gate_dirs.append(gate)
             runs.append(evaluate(str(f), str(Path(tmp) / f"fold{i}.json"), base=base, queries=queries, tools=tools,
                                  sizes=sizes, draws=draws, seed=seed, new_queries=new_queries, score_servers=h, servers=servers,
-                                 derived="", plot_png=False))
-    from training.data import load_registry
-
-    registered = set(servers) or set(load_registry(tools).servers())
+                                 derived="", gate=gate, router_tag="router", plot_png=False))
+    registered = set(registry.servers())
     pooled = pool(runs)
     report = {
         "protocol": {**runs[0]["protocol"], "name": "public-folds",
@@ -127,7 +147,8 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
                      "new_lines": sum(r["protocol"]["new_lines"] for r in runs),
                      "scored_servers": sorted(seen), "unscored_servers": sorted(registered - seen)},
         "folds": [{"encoder": str(f), "holdout_servers": h, "encoder_meta": r["encoders"]["public"],
-                   "lines": r["protocol"]["lines"]} for f, h, r in zip(folds, held, runs, strict=True)],
+                   "lines": r["protocol"]["lines"], "router": (r["routers"] or [None])[0]}
+                  for f, h, r in zip(folds, held, runs, strict=True)],
         "base": runs[0]["encoders"]["base"],
         **pooled,
         "seconds": round(time.time() - t0, 1),
@@ -143,6 +164,22 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
     return report
 
 
+def fold_gate_model(encoder: str | Path, held: Sequence[str], registry, queries: str, augment: str, calibration: str,
+                    gates_root: str, seed: int = 0) -> Path:
+    """The gate model of the fold that held out ``held``: built on its encoder as the shipped gate is on the shipped
+    encoder, from nothing of ``held`` (``evals.unseen.fold_gate``)."""
+    from dataclasses import replace
+
+    from evals.unseen import fold_gate
+    from training.data import load_queries
+    from training.gate import SHIPPED_GATE
+
+    folds = {s: 0 if s in set(held) else 1 for s in registry.servers()}
+    lines = [ln for ln in load_queries(queries) if ln.tool in set(registry.names)]
+    return Path(fold_gate(0, registry, lines, folds, seed, augment, calibration, gates_root, progress=False,
+                          hp=replace(SHIPPED_GATE, encoder=str(encoder), seed=seed)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from training.data import prepare_training_env
 
@@ -156,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="10,50,100,250,all")
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--new-queries", default=str(REPO / "data/routing_calibration"))
+    ap.add_argument("--gates", action="store_true",
+                    help="add the router's arms: a gate model per fold from the other folds' lines (minutes a fold)")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public_folds.json"))
     a = ap.parse_args(argv)
     if a.split:
@@ -167,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evals.public import print_arms
 
     rep = evaluate_folds(a.fold, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes,
-                         draws=a.draws, new_queries=a.new_queries)
+                         draws=a.draws, new_queries=a.new_queries, gates=a.gates)
     print_arms(rep, a.json)
     return 0
 

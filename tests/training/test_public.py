@@ -5,6 +5,7 @@ checkpoint it resumes from, and the probe scores an encoder on a small registry,
 The full run is `python -m training.public` (~40 min on 2 cores)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,8 +261,18 @@ def test_fold_encoders_score_only_their_unseen_servers_and_pool(tiny_encoder, tm
                      extra_meta={"holdout_servers": held})
         folds.append(str(out))
     rep = public_folds.evaluate_folds(folds, str(tmp_path / "f.json"), base="", sizes="3,all", draws=2,
-                                      new_queries="", servers=("time", "redis"))
+                                      servers=("time", "redis"), gates=True, gates_root=str(tmp_path / "gates"))
     assert [f["holdout_servers"] for f in rep["folds"]] == [["time"], ["redis"]]
+    # each fold's gate model knows only the other fold's tools: the router's arms are unseen, named alike in both
+    other_tools = ({"set", "get", "delete", "list"}, {"get_current_time", "convert_time"})
+    for f, tools_known in zip(rep["folds"], other_tools, strict=True):
+        gate = json.loads((Path(f["router"]["gate"]) / "gate.json").read_text())
+        assert set(gate["tool_schemas"]) == tools_known and f["router"]["protocol"] == "unseen"
+    for arm in ("router (unseen, tools as new)", "router (unseen, as it serves), new requests"):
+        row = rep["arms"][arm]["by_size"]["all"]
+        assert rep["arms"][arm]["protocol"] == "unseen" and set(row["top1_by_server"]) == {"time", "redis"}
+        assert 0 < row["top1"] <= row["top3"] <= 1
+    assert rep["paired"]["router (unseen, tools as new) vs public dense"]["all"]["sign_test_p"] <= 1
     assert rep["protocol"]["scored_servers"] == ["redis", "time"] and rep["protocol"]["unscored_servers"] == []
     dense = rep["arms"]["public dense"]["by_size"]["all"]
     assert set(dense["top1_by_server"]) == {"time", "redis"}
