@@ -19,12 +19,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from services.common.serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # nexus up prints "waiting for X" before it waits for X: a service is healthy when the next one's line comes
@@ -32,12 +33,6 @@ PHASES = (("compiler", re.compile(r"waiting for engine")), ("engine", re.compile
           ("router", re.compile(r"waiting for the OpenAI-compatible front")),
           ("registered", re.compile(r"^registered \d+ tools")), ("up", re.compile(r"^Nexus is up")),
           ("kv_blocks", re.compile(r"^every KV block compiled")))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dir_bytes(path: Path, pattern: str = "*") -> int:

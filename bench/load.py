@@ -22,7 +22,6 @@ import os
 import platform
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,16 +33,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from services.common.serve import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 REPORTS = ROOT / "reports"
 DATA = ROOT / "data"  # the default registry and the query file (data/README.md)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pick_tools(n: int):

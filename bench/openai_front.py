@@ -45,13 +45,14 @@ import os
 import platform
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from services.common.serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -177,12 +178,6 @@ def tool_set(n: int, namespace: str, required: list[str]) -> list[dict]:
         if names[j] not in required:
             tools[j] = everything[missing.pop()]
     return tools
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Stack:

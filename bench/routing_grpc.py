@@ -24,23 +24,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from services.common.serve import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 # arm -> extra router environment
 ARMS = {"model": {}, "text": {"NEXUS_ROUTER_EXEMPLAR_WEIGHT": "0"},
         "int8": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "int8"}, "fp32": {"NEXUS_ROUTER_QUERY_ENCODER_PRECISION": "fp32"}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -20,6 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The tests run SmolLM2-135M wherever a model is left to its default, speed mattering more there than the answer (the
 # servers and `nexus up` they start inherit it); tests/e2e/test_default_model.py runs the shipped default itself.
 os.environ.setdefault("NEXUS_DEFAULT_MODEL", "smollm2-135m")
+from services.common.serve import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,12 +83,6 @@ def small_tools(all_tools):
     tools = [t for t in all_tools if t.name in keep]
     assert len(tools) >= 15
     return tools
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

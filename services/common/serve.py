@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now (the OS picks it), for a service started on it next (benches, tests)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)
