@@ -430,7 +430,8 @@ def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[s
                 arms[arm] = {"protocol": protocol, "lines": key, "lexical_weight": router.lexical_weight}
                 hits[arm] = {s: {f"{r['id']}#{d}": (r["correct"], r["slb_top3"]) for (s2, d), rs in recs.items()
                                  if s2 == s for r in rs} for s in size_list}
-    return {"gate": str(gate), "arm": tag, "tool_keys": meta.get("tool_keys", "base"), "protocol": label,
+    return {"gate": str(gate), "arm": tag, "tool_keys": meta.get("tool_keys", "base"),
+            "tool_text": meta.get("tool_text") or "name: description", "protocol": label,
             "alt_keys": bool((meta.get("slb") or {}).get("alt_keys")), "lexical_weight": router.lexical_weight,
             "exemplar_weight": float((meta.get("slb") or {}).get("exemplar_weight") or 0.0), "precision": "int8"}
 

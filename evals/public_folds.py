@@ -105,11 +105,13 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
                    new_queries: str = str(REPO / "data/routing_calibration"), servers: Sequence[str] = (),
                    gates: bool = False, augment: str = str(REPO / "data/routing_augment"),
                    calibration: str = str(REPO / "data/routing_calibration"),
-                   gates_root: str = str(DEFAULT_GATES_ROOT), plot_png: bool = True) -> dict[str, Any]:
+                   gates_root: str = str(DEFAULT_GATES_ROOT), gate_tool_text: str | None = None,
+                   plot_png: bool = True) -> dict[str, Any]:
     """Score each fold encoder on its held-out servers (``evals.public.evaluate``) and pool them (module
     docstring); writes ``out_json`` (+ PNG) and returns the report. ``servers``: restrict the registry (tests).
     ``gates``: add each fold's router arms (module docstring), its gate model built from ``queries``, ``augment``
-    and ``calibration`` lines of the other folds' servers under ``gates_root``."""
+    and ``calibration`` lines of the other folds' servers under ``gates_root``, keying tools by ``gate_tool_text``
+    (``GateHyperParams.tool_text``; None = the shipped gate's)."""
     from evals.public import evaluate, plot
 
     t0 = time.time()
@@ -130,7 +132,8 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
             print(f"[folds] fold {i}: {f} on {len(h)} held-out servers", file=sys.stderr, flush=True)
             gate = ""
             if gates:
-                gate = str(fold_gate_model(f, h, registry, queries, augment, calibration, gates_root, seed))
+                gate = str(fold_gate_model(f, h, registry, queries, augment, calibration, gates_root, seed,
+                                           tool_text=gate_tool_text))
                 gate_dirs.append(gate)
             runs.append(evaluate(str(f), str(Path(tmp) / f"fold{i}.json"), base=base, queries=queries, tools=tools,
                                  sizes=sizes, draws=draws, seed=seed, new_queries=new_queries, score_servers=h, servers=servers,
@@ -165,9 +168,9 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAU
 
 
 def fold_gate_model(encoder: str | Path, held: Sequence[str], registry, queries: str, augment: str, calibration: str,
-                    gates_root: str, seed: int = 0) -> Path:
+                    gates_root: str, seed: int = 0, tool_text: str | None = None) -> Path:
     """The gate model of the fold that held out ``held``: built on its encoder as the shipped gate is on the shipped
-    encoder, from nothing of ``held`` (``evals.unseen.fold_gate``)."""
+    encoder (its tools keyed by ``tool_text`` if given), from nothing of ``held`` (``evals.unseen.fold_gate``)."""
     from dataclasses import replace
 
     from evals.unseen import fold_gate
@@ -177,10 +180,12 @@ def fold_gate_model(encoder: str | Path, held: Sequence[str], registry, queries:
     folds = {s: 0 if s in set(held) else 1 for s in registry.servers()}
     lines = [ln for ln in load_queries(queries) if ln.tool in set(registry.names)]
     return Path(fold_gate(0, registry, lines, folds, seed, augment, calibration, gates_root, progress=False,
-                          hp=replace(SHIPPED_GATE, encoder=str(encoder), seed=seed)))
+                          hp=replace(SHIPPED_GATE, encoder=str(encoder), seed=seed,
+                                     tool_text=SHIPPED_GATE.tool_text if tool_text is None else tool_text)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from services.common.embedder import KEY_TEXTS
     from training.data import prepare_training_env
 
     prepare_training_env()
@@ -195,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--new-queries", default=str(REPO / "data/routing_calibration"))
     ap.add_argument("--gates", action="store_true",
                     help="add the router's arms: a gate model per fold from the other folds' lines (minutes a fold)")
+    ap.add_argument("--gate-tool-text", default=None, choices=sorted(KEY_TEXTS),
+                    help="the text the fold gates key tools by ('' = name: description; default: the shipped gate's)")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public_folds.json"))
     a = ap.parse_args(argv)
     if a.split:
@@ -206,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evals.public import print_arms
 
     rep = evaluate_folds(a.fold, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes,
-                         draws=a.draws, new_queries=a.new_queries, gates=a.gates)
+                         draws=a.draws, new_queries=a.new_queries, gates=a.gates, gate_tool_text=a.gate_tool_text)
     print_arms(rep, a.json)
     return 0
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from services.common.embedder import tool_text
+from services.common.embedder import KEY_TEXTS, NAME_DESC, key_text
 from services.common.models import default_embedder_path, dir_fingerprint
 from services.common.tools import Tool
 from services.router.context import routing_text
@@ -126,6 +126,10 @@ class GateHyperParams:
     # graph); q_epochs = 0 keeps the encoder as trained (nothing of the registry's lines in its weights) and
     # ce_epochs = 0 trains no cross-encoder (alpha 0).
     encoder: str = ""
+    # The text each tool is keyed by (services.common.embedder.KEY_TEXTS; gate.json tool_text tells the router):
+    # "" = the encoder's own document form when it names one (training.public encoders learnt tools as tool_doc,
+    # parameters included: public_meta.json "doc"), else "name-desc" (tool_text, "name: description").
+    tool_text: str = ""
 
 
 # The shipped gate model (training/recipes.py): built on the router's encoder (``make train`` passes its directory as
@@ -143,7 +147,7 @@ def base_encoder_path(hp: GateHyperParams) -> Path:
 def hp_dict(hp: GateHyperParams) -> dict[str, Any]:
     """The hyper-parameters as hashed: a switch at its default stays out (models trained before it existed keep
     their hash, and the shipped recipe its key)."""
-    return {k: v for k, v in asdict(hp).items() if not ((k == "ce_extra" and not v) or (k == "encoder" and not v))}
+    return {k: v for k, v in asdict(hp).items() if not (k in ("ce_extra", "encoder", "tool_text") and not v)}
 
 
 @dataclass(frozen=True)
@@ -190,11 +194,23 @@ def make_examples(lines: Sequence[Any], tool_names: set[str], equivalents: Calla
     return out
 
 
+def key_form(hp: GateHyperParams) -> str:
+    """The text form the tool keys embed (``GateHyperParams.tool_text``, resolved)."""
+    if hp.tool_text:
+        key_text(hp.tool_text)  # an unknown form fails here, before any training
+        return hp.tool_text
+    meta = Path(hp.encoder) / "public_meta.json" if hp.encoder else None
+    doc = json.loads(meta.read_text()).get("doc") if meta is not None and meta.is_file() else None
+    return str(doc) if doc in KEY_TEXTS else NAME_DESC
+
+
 def data_hash(examples: Sequence[Example], tools: Sequence[Tool], hp: GateHyperParams, base_fp: str,
               extra: Sequence[Example] = ()) -> str:
     h = hashlib.sha256()
     h.update(TRAINING_VERSION.encode())
     h.update(base_fp.encode())
+    if key_form(hp) != NAME_DESC:  # keys of another text (the default's hash stays what it was)
+        h.update(f"keys:{key_form(hp)}".encode())
     # a switch at its default stays out of the hash (models trained before it existed keep their cache)
     h.update(json.dumps(hp_dict(hp), sort_keys=True).encode())
     for e in sorted(examples, key=lambda e: e.id):
@@ -462,7 +478,7 @@ def calibrate_slb(qenc, ce, val: Sequence[Example], tools: Sequence[Tool], hp: G
     by_name = {t.name: t for t in tools}
     base = SentenceTransformer(str(base_encoder_path(hp)), device="cpu")
     if keys is None:
-        keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
+        keys = _encode_eval(base, [key_text(key_form(hp))(by_name[n]) for n in names])
     alt = _encode_eval(base, [alt_tool_text(by_name[n]) for n in names])
     del base
     if exemplar_vecs is None:
@@ -779,7 +795,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
     fit_real, val = split_examples(examples, hp.val_fraction, hp.seed)
     fit = fit_real + extra_examples
     base = SentenceTransformer(str(base_encoder_path(hp)), device="cpu")
-    keys = _encode_eval(base, [tool_text(by_name[n]) for n in names])
+    keys = _encode_eval(base, [key_text(key_form(hp))(by_name[n]) for n in names])
     del base
     qenc, q_report = train_query_encoder(fit, val, names, keys, hp, progress)
 
@@ -831,6 +847,7 @@ def train_gate(lines: Sequence[Any], tools: Sequence[Tool], out: str | Path, hp:
         # whose vectors the tool text keys are: the base embedder's (the compiler stores them), or the gate model's
         # own query encoder's (a model built on a given encoder: the router embeds the tool texts with it)
         "tool_keys": "query_encoder" if hp.encoder else "base",
+        "tool_text": key_form(hp),  # the text of each tool's key (services.common.embedder.KEY_TEXTS)
         # what each trained tool *is*: the router gives a registered tool the exemplar keys and bias of the trained
         # tool with its schema hash, never of one that merely shares its name
         "tool_schemas": tool_schemas(tools),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.common.embedder import DOC_VERSION, name_words, tool_doc
 from services.common.tools import Tool, parse_tool
 from training.data import load_augment
 
@@ -59,7 +60,6 @@ SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "
 
 OVERLAP_THRESHOLD = 0.8
 FILTER_VERSION = "public-overlap-v1"
-DOC_VERSION = "name-words-desc-params-v1"
 
 # Seal-Tools parameter types are Python's; a user's tool would be registered with JSON Schema types.
 PY_TO_JSON = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array",
@@ -183,20 +183,6 @@ def load_shipped_tools(path: str | Path = SHIPPED_TOOLS) -> list[Tool]:
 
 
 # ----------------------------------------------------------------------------------------------------- texts
-
-def name_words(name: str) -> str:
-    """``getWaterQuality`` / ``get_water_quality`` / ``get-water-quality`` -> ``get Water Quality`` etc."""
-    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", name)
-    s = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", s)
-    return re.sub(r"\s+", " ", s.replace("_", " ").replace("-", " ").replace(".", " ")).strip()
-
-
-def tool_doc(tool: Tool) -> str:
-    """The text a tool is embedded as, for training and scoring alike (module docstring)."""
-    desc = re.sub(r"\s+", " ", tool.description or "").strip()
-    params = ", ".join((tool.input_schema.get("properties") or {}).keys())
-    return f"{name_words(tool.name)}: {desc} Parameters: {params}"
-
 
 def _desc(tool: Tool) -> str:
     return re.sub(r"\s+", " ", tool.description or "").strip() or name_words(tool.name)

@@ -41,7 +41,9 @@ def _gate_params() -> dict[str, Any]:
     it fits is the SLB's calibration (exemplar weight and pooling, lexical weight, tool bias, tau)."""
     from training.gate import SHIPPED_GATE
 
-    return {**asdict(SHIPPED_GATE), "encoder": "recipe:encoder"}
+    # a switch added at its default leaves the key (and so the committed model) as it was
+    hp = {k: v for k, v in asdict(SHIPPED_GATE).items() if not (k == "tool_text" and not v)}
+    return {**hp, "encoder": "recipe:encoder"}
 
 
 def _slot_params() -> dict[str, Any]:
@@ -62,7 +64,7 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("encoder", (*PUBLIC, QUERIES, TOOLS, AUGMENT), _encoder_params, version=1),
-    Recipe("gate", (QUERIES, TOOLS, AUGMENT, CALIBRATION), _gate_params, version=2, after=("encoder",)),
+    Recipe("gate", (QUERIES, TOOLS, AUGMENT, CALIBRATION), _gate_params, version=3, after=("encoder",)),
     Recipe("slots", (QUERIES, TOOLS, AUGMENT), _slot_params, version=1),
 )}
 

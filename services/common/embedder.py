@@ -1,13 +1,17 @@
 """Sentence embeddings with all-MiniLM-L6-v2 (sentence-transformers, offline).
 
 The same ``Embedder`` embeds tools (compiler) and queries (router) so their vectors are comparable;
-``tool_text`` fixes what text of a tool is embedded.
+``tool_text`` fixes what text of a tool is embedded as its base key; ``tool_doc`` is the longer form the public
+encoders (training/public.py) learnt tools as, and a gate model built on one keys its tools by it
+(``KEY_TEXTS``, gate.json ``tool_text``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +27,37 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def tool_text(tool: Tool) -> str:
     """The text embedded for a tool: its name (with ``_`` read as spaces) and its description."""
     return f"{tool.name.replace('_', ' ')}: {tool.description}"
+
+
+def name_words(name: str) -> str:
+    """``getWaterQuality`` / ``get_water_quality`` / ``get-water-quality`` -> ``get Water Quality`` etc."""
+    s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", name)
+    s = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", s)
+    return re.sub(r"\s+", " ", s.replace("_", " ").replace("-", " ").replace(".", " ")).strip()
+
+
+DOC_VERSION = "name-words-desc-params-v1"
+
+
+def tool_doc(tool: Tool) -> str:
+    """A tool as the public encoders learnt it: ``name as words: description Parameters: p1, p2``."""
+    desc = re.sub(r"\s+", " ", tool.description or "").strip()
+    params = ", ".join((tool.input_schema.get("properties") or {}).keys())
+    return f"{name_words(tool.name)}: {desc} Parameters: {params}"
+
+
+NAME_DESC = "name-desc"
+# a gate model's tool_text (gate.json) -> the text its key encoder embeds for a tool (absent: NAME_DESC)
+KEY_TEXTS: dict[str, Callable[[Tool], str]] = {NAME_DESC: tool_text, DOC_VERSION: tool_doc}
+
+
+def key_text(version: str) -> Callable[[Tool], str]:
+    """The tool text of a key form (``KEY_TEXTS``, '' = ``tool_text``); an unknown one is an error, not a silent
+    fallback."""
+    try:
+        return KEY_TEXTS[version or NAME_DESC]
+    except KeyError:
+        raise ValueError(f"unknown tool key text {version!r} (known: {sorted(KEY_TEXTS)})") from None
 
 
 class Embedder:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.embedder import Embedder, tool_text
+from services.common.embedder import NAME_DESC, Embedder, key_text, tool_text
 from services.common.errors import (
     ArtifactNotFound,
     DataCorruption,
@@ -170,16 +171,6 @@ class Router:
         return bounded_count("top_k", top_k, default=self.config.default_top_k, limit=self.config.max_top_k)
 
     # -- registry ---------------------------------------------------------------------------
-    def _embedding_for(self, tool: Tool) -> np.ndarray:
-        key = embedding_key(tool, self.embedder.fingerprint)
-        try:
-            return decode_embedding(self.store.get(key), self.embedder.dim)
-        except (ArtifactNotFound, DataCorruption, ValueError):
-            vec = self.embedder.embed_one(tool_text(tool))
-            self.store.put(key, encode_embedding(vec), {"tool": tool.name, "schema_hash": tool.schema_hash,
-                                                         "dim": self.embedder.dim})
-            return vec
-
     def _load(self, tools: dict[str, Tool], version: int) -> None:
         """Rebuild the SLB from a registry snapshot, reusing vectors of unchanged tools."""
         old = self.view.tools
@@ -191,7 +182,7 @@ class Router:
             else:
                 missing.append(tool)
         # Batch-embed the tools whose artifact is not in the store (first start, other key encoder).
-        fingerprint, dim, embed = self._key_encoder()
+        fingerprint, dim, embed, text = self._key_encoder()
         need_embed: list[Tool] = []
         for tool in missing:
             key = embedding_key(tool, fingerprint)
@@ -200,7 +191,7 @@ class Router:
             except (ArtifactNotFound, DataCorruption, ValueError):
                 need_embed.append(tool)
         if need_embed:
-            mat = embed([tool_text(t) for t in need_embed])
+            mat = embed([text(t) for t in need_embed])
             for t, v in zip(need_embed, mat, strict=True):
                 self.store.put(embedding_key(t, fingerprint), encode_embedding(v),
                                {"tool": t.name, "schema_hash": t.schema_hash, "dim": dim})
@@ -228,14 +219,21 @@ class Router:
         log.info("registry loaded", extra={"tools": len(tools), "version": version, "derived_keys": len(derived),
                                            "derived_pending": len(self._pending_derived)})
 
-    def _key_encoder(self) -> tuple[str, int, Callable[[list[str]], np.ndarray]]:
-        """(fingerprint, dim, embed) of what embeds the tool texts: the base embedder (the compiler stores its
-        vectors), or the gate model's own encoder when the model was built on one (gate.json tool_keys)."""
+    def _key_encoder(self) -> tuple[str, int, Callable[[list[str]], np.ndarray], Callable[[Tool], str]]:
+        """(fingerprint, dim, embed, text) of the tools' keys: the base embedder on ``tool_text`` (the compiler
+        stores its vectors), or the gate model's own encoder when the model was built on one (gate.json tool_keys)
+        on the text form it names (gate.json tool_text: the public encoders learnt tools as ``tool_doc``)."""
         gate = self.gate
         if gate is not None and gate.info.meta.get("tool_keys") == "query_encoder":
-            # each text through the very path a request takes (its graph, INT8 by default): keys and queries agree
-            return gate.fingerprint, gate.dim, lambda texts: np.stack([gate.embed_query(t) for t in texts])
-        return self.embedder.fingerprint, self.embedder.dim, self.embedder.embed
+            form = str(gate.info.meta.get("tool_text") or NAME_DESC)
+            # each text through the very path a request takes (its graph, INT8 by default): keys and queries agree;
+            # another text, another vector: the form joins the fingerprint (artifact keys read its first 16 chars)
+            fp = gate.fingerprint
+            if form != NAME_DESC:
+                fp = hashlib.sha256(f"{fp}+{form}".encode()).hexdigest()
+            return (fp, gate.dim,
+                    lambda texts: np.stack([gate.embed_query(t) for t in texts]), key_text(form))
+        return self.embedder.fingerprint, self.embedder.dim, self.embedder.embed, tool_text
 
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """Requests embedded as the router embeds a query (the gate's query encoder, else the base embedder)."""
@@ -285,7 +283,7 @@ class Router:
         """Alternate keys (``keys.alt_tool_text`` embedded with the base embedder), cached in the store."""
         out: dict[str, np.ndarray] = {}
         need: list[Tool] = []
-        fingerprint, dim, embed = self._key_encoder()
+        fingerprint, dim, embed, _ = self._key_encoder()
         for name, tool in tools.items():
             key = self._alt_key_name(tool, fingerprint)
             try:

@@ -79,3 +79,49 @@ def test_a_router_keys_the_tools_with_the_gate_models_own_graph(built, tmp_path)
     assert d.tool == "get_current_time" and not d.escalated
     meta = json.loads((out / "gate.json").read_text())
     assert meta["hyperparams"]["encoder"]
+
+
+def test_a_gate_that_names_the_document_form_keys_its_tools_by_it(built, tmp_path):
+    """gate.json tool_text = the public encoders' document form: the router embeds ``tool_doc`` (name as words,
+    description, parameter names), cached under a key of its own so vectors of the other form are never reused."""
+    import shutil
+
+    from services.common.embedder import DOC_VERSION, Embedder, tool_doc, tool_text
+    from services.common.store import LocalStore, artifact_key
+    from services.compiler.compiler import KIND_EMBEDDING
+    from services.router.config import RouterConfig
+    from services.router.router import Router
+
+    out, _, tools = built
+    gate = tmp_path / "gate"
+    shutil.copytree(out, gate)
+    meta = json.loads((gate / "gate.json").read_text())
+    (gate / "gate.json").write_text(json.dumps({**meta, "tool_text": DOC_VERSION}))
+    store = LocalStore(str(tmp_path / "store"))
+    store.registry_put(tools)
+    router = Router(RouterConfig(store_url=str(tmp_path / "store"), gate_model_dir=str(gate), native_scan=False),
+                    store, Embedder(""))
+    asyncio.run(router.sync(force=True))
+    fp, served = router.gate.fingerprint, store.registry_snapshot()[0]
+    assert set(served) == {t.name for t in tools}
+    for t in served.values():  # the registry's form of each tool (its schema as stored) is what is keyed
+        assert tool_doc(t) != tool_text(t)
+        assert not store.exists(artifact_key(KIND_EMBEDDING, fp, t.schema_hash))
+        v = np.frombuffer(store.get(artifact_key(KIND_EMBEDDING, router._key_encoder()[0], t.schema_hash)), "<f4")
+        np.testing.assert_allclose(v, router.gate.embed_query(tool_doc(t)), atol=1e-5)
+    assert router.route("what time is it in Tokyo right now?").tool == "get_current_time"
+
+
+def test_a_gate_keys_tools_in_its_encoders_own_document_form_unless_told(tmp_path):
+    from services.common.embedder import DOC_VERSION, NAME_DESC
+    from training.gate import GateHyperParams, key_form
+
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    assert key_form(GateHyperParams()) == NAME_DESC  # base MiniLM
+    assert key_form(GateHyperParams(encoder=str(enc))) == NAME_DESC  # an encoder that names no form
+    (enc / "public_meta.json").write_text(json.dumps({"doc": DOC_VERSION}))
+    assert key_form(GateHyperParams(encoder=str(enc))) == DOC_VERSION  # a training.public encoder
+    assert key_form(GateHyperParams(encoder=str(enc), tool_text=NAME_DESC)) == NAME_DESC
+    with pytest.raises(ValueError, match="unknown tool key text"):
+        key_form(GateHyperParams(tool_text="name-only"))
