@@ -111,19 +111,41 @@ def grpcurl_path() -> str:
     return "grpcurl"
 
 
-def register_dir(client, tools_dir: str, batch: int = 25, progress: bool = True, defer_kv_blocks: bool = False) -> int:
+def load_examples(path: str) -> dict[str, list[str]]:
+    """Example requests from a JSONL file of ``{"tool": name, "request": text}`` lines: tool -> requests."""
+    out: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                tool, request = row["tool"], row["request"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise SystemExit(f"{path}:{i}: want {{\"tool\": name, \"request\": text}} ({e})") from None
+            out.setdefault(str(tool), []).append(str(request))
+    return out
+
+
+def register_dir(client, tools_dir: str, batch: int = 25, progress: bool = True, defer_kv_blocks: bool = False,
+                 examples: dict[str, list[str]] | None = None) -> int:
     """Register every tool of ``tools_dir``; ``defer_kv_blocks``: return once they route and generate, their KV
-    blocks compiling in the compiler's background."""
+    blocks compiling in the compiler's background; ``examples``: tool -> example requests that key it too."""
     from tqdm import tqdm
 
     from services.common.tools import load_registry_dir
 
     tools = load_registry_dir(tools_dir)
+    unknown = sorted(set(examples or {}) - {t.name for t in tools})
+    if unknown:
+        raise SystemExit(f"examples for tools not in {tools_dir}: {', '.join(unknown[:5])}")
     raw = [t.to_json() for t in tools]
     with tqdm(total=len(raw), desc="register" if defer_kv_blocks else "register+compile", unit="tool",
               disable=not progress, file=sys.stderr) as bar:
         for i in range(0, len(raw), batch):
-            resp = client.register(raw[i : i + batch], defer_kv_blocks=defer_kv_blocks)
+            part = {t.name for t in tools[i : i + batch]}
+            resp = client.register(raw[i : i + batch], defer_kv_blocks=defer_kv_blocks,
+                                   examples={n: r for n, r in (examples or {}).items() if n in part})
             for w in resp.warnings:  # e.g. a schema keyword the grammar cannot enforce
                 bar.write(f"warning: {w}", file=sys.stderr)
             bar.update(len(raw[i : i + batch]))
@@ -320,7 +342,7 @@ def cmd_register(args: argparse.Namespace) -> int:
     from services.common.clients import NexusClient
 
     with NexusClient(router=args.router, **client_security(args)) as client:
-        n = register_dir(client, args.tools)
+        n = register_dir(client, args.tools, examples=load_examples(args.examples) if args.examples else None)
         print(f"registered {n} tools; keys: {keys_summary(client, args.wait_keys)}")
     return 0
 
@@ -384,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--router", default="127.0.0.1:50051")
     r.add_argument("--wait-keys", type=float, default=0.0, metavar="SECONDS",
                    help="wait up to SECONDS for the tools' derived keys, with a progress bar (routing never waits)")
+    r.add_argument("--examples", default="", metavar="FILE.jsonl",
+                   help='requests your users send, {"tool": name, "request": text} a line: they key their tools too')
     add_client_security_args(r)
     r.set_defaults(fn=cmd_register)
 

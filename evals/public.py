@@ -52,6 +52,7 @@ scoring with a sign test. Written: JSON + PNG.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -345,6 +346,7 @@ def evaluate(encoder: str, out_json: str, *, base: str = "", queries: str = str(
                ("public + cross-encoder, new requests", "public dense, new requests")]
     against += [(a, "public dense, new requests" if a.endswith("new requests") else "public dense")
                 for r in routers for a in arms if a.startswith(f"{r['arm']} (")]
+    against += [(a, a.replace(" + examples", "")) for a in arms if "as it serves + examples" in a]
     lines_of = {"queries": os.path.relpath(queries, REPO), "new": os.path.relpath(new_queries, REPO) if new_queries
                 else None}
     report: dict[str, Any] = {
@@ -415,6 +417,15 @@ def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[s
     passes = [(0.0, "tools as new", label, tuple(sets))]
     if "new" in sets:
         passes.append((-1.0, "as it serves", "seen" if keyed else label, ("new",)))
+
+    def route_arm(router, arm: str, protocol: str, key: str) -> None:
+        ls = sets[key]
+        regs = {(s, d): ls["regs"][d][s] for s in size_list for d in range(1 if s == "all" else draws)}
+        recs = route_lines(router, ls["lines"], regs, range(len(ls["lines"])))
+        arms[arm] = {"protocol": protocol, "lines": key, "lexical_weight": router.lexical_weight}
+        hits[arm] = {s: {f"{r['id']}#{d}": (r["correct"], r["slb_top3"]) for (s2, d), rs in recs.items()
+                         if s2 == s for r in rs} for s in size_list}
+
     with tempfile.TemporaryDirectory(prefix="nexus-public-") as tmp:
         store = LocalStore(tmp)
         store.registry_put(list(registry.tools))
@@ -423,13 +434,21 @@ def router_arms(gate: str, registry, sets: dict[str, Any], size_list: Sequence[s
             if router.gate is None:
                 raise ValueError(f"the gate model at {gate} did not load")
             for key in keys:
-                ls = sets[key]
                 arm = f"{tag} ({label}, {what})" if key == "queries" else f"{tag} ({protocol}, {what}), new requests"
-                regs = {(s, d): ls["regs"][d][s] for s in size_list for d in range(1 if s == "all" else draws)}
-                recs = route_lines(router, ls["lines"], regs, range(len(ls["lines"])))
-                arms[arm] = {"protocol": protocol, "lines": key, "lexical_weight": router.lexical_weight}
-                hits[arm] = {s: {f"{r['id']}#{d}": (r["correct"], r["slb_top3"]) for (s2, d), rs in recs.items()
-                                 if s2 == s for r in rs} for s in size_list}
+                route_arm(router, arm, protocol, key)
+        if "new" in sets and not keyed and "queries" in sets:
+            # the scored servers' hand-written requests registered as their tools' examples (what a user may
+            # supply, RegisterToolsRequest.examples), scored on the new requests
+            from services.router.router import MAX_EXAMPLES_PER_TOOL
+
+            examples: dict[str, list[str]] = {}
+            for ln in sets["queries"]["lines"]:
+                if ln.tool in scored and len(examples.setdefault(ln.tool, [])) < MAX_EXAMPLES_PER_TOOL:
+                    examples[ln.tool].append(ln.query)
+            router = _open_router(store, Embedder(""), gate, exemplar_weight=-1.0, precision="int8")
+            router.store_examples(registry.by_name(), examples)
+            asyncio.run(router.sync(force=True))
+            route_arm(router, f"{tag} ({label}, as it serves + examples), new requests", label, "new")
     return {"gate": str(gate), "arm": tag, "tool_keys": meta.get("tool_keys", "base"),
             "tool_text": meta.get("tool_text") or "name: description", "protocol": label,
             "alt_keys": bool((meta.get("slb") or {}).get("alt_keys")), "lexical_weight": router.lexical_weight,

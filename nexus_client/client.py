@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,12 +151,15 @@ class NexusClient:
                            r.route_ms, r.registry_version, r.gate)
 
     def register(self, tools: Sequence[dict | str], timeout_s: float | None = None, *,
-                 defer_kv_blocks: bool = False) -> router_pb2.RegisterToolsResponse:
+                 defer_kv_blocks: bool = False,
+                 examples: Mapping[str, Sequence[str]] | None = None) -> router_pb2.RegisterToolsResponse:
         """``defer_kv_blocks``: return once the tools route and generate; their KV blocks compile in the background
-        (the engine prefills a tool's signature as text until its block is stored)."""
+        (the engine prefills a tool's signature as text until its block is stored). ``examples``: tool name ->
+        requests a user would send for it (tools of this call): the router keys the tool by them too."""
         raw = [t if isinstance(t, str) else json.dumps(t) for t in tools]
-        return self._call(self.router.RegisterTools, router_pb2.RegisterToolsRequest(tools=raw,
-                                                                                     defer_kv_blocks=defer_kv_blocks),
+        ex = [router_pb2.ToolExamples(tool=n, requests=list(r)) for n, r in (examples or {}).items()]
+        return self._call(self.router.RegisterTools,
+                          router_pb2.RegisterToolsRequest(tools=raw, defer_kv_blocks=defer_kv_blocks, examples=ex),
                           timeout_s or max(self.timeout_s, 600.0))
 
     def remove(self, names: Sequence[str], timeout_s: float | None = None) -> router_pb2.RemoveToolsResponse:

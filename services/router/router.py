@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +20,7 @@ from services.common.errors import (
     InvalidArgument,
     ToolNotFound,
 )
-from services.common.store import Store
+from services.common.store import Store, artifact_key
 from services.common.tools import Tool, parse_tool
 from services.common.validation import bounded_count, check_request
 from services.compiler.compiler import decode_embedding, embedding_key, encode_embedding
@@ -29,6 +30,14 @@ from services.router.context import routing_text as _routing_text
 from services.router.gate import GateModel, ce_tool_text, fuse, load_gate, set_threads
 from services.router.keys import ALT_KEY_VERSION, LexicalIndex, alt_tool_text, query_part
 from services.router.slb import SemanticIndex
+
+# example requests a user registers with a tool (RegisterToolsRequest.examples), stored by its schema hash
+KIND_EXAMPLES = "examples"
+MAX_EXAMPLES_PER_TOOL = 64
+
+
+def examples_key(tool: Tool) -> str:
+    return artifact_key(KIND_EXAMPLES, "requests-v1", tool.schema_hash)
 
 log = logging.getLogger("nexus.router")
 
@@ -117,6 +126,8 @@ class Router:
         # derived keys: embedded requests by schema hash (kept across loads), and the tools still waiting for theirs
         self._derived_vecs: dict[str, np.ndarray] = {}
         self._pending_derived: dict[str, str] = {}
+        # registered example requests, embedded: schema hash -> (digest of the stored requests, their vectors)
+        self._example_vecs: dict[str, tuple[str, np.ndarray]] = {}
         self._ce_texts: dict[str, str] = {}
         self._lexical: tuple[list[str], LexicalIndex] | None = None
         self._sync_lock = asyncio.Lock()
@@ -204,10 +215,11 @@ class Router:
             self._lexical = (order, LexicalIndex.of_tools([tools[n] for n in order]))
         exemplars = {n: self._exemplars_by_schema[t.schema_hash] for n, t in tools.items()
                      if t.schema_hash in self._exemplars_by_schema}
-        derived = self._derived_keys({n: t for n, t in tools.items() if n not in exemplars})
-        keys_of = {n: "trained" if n in exemplars else "derived" if n in derived
+        examples = self._example_keys({n: t for n, t in tools.items() if n not in exemplars})
+        derived = self._derived_keys({n: t for n, t in tools.items() if n not in exemplars and n not in examples})
+        keys_of = {n: "trained" if n in exemplars else "examples" if n in examples else "derived" if n in derived
                    else "pending" if n in self._pending_derived else "text" for n in tools}
-        self.index.replace_all({n: vecs[n] for n in sorted(tools)}, exemplars={**exemplars, **derived},
+        self.index.replace_all({n: vecs[n] for n in sorted(tools)}, exemplars={**exemplars, **examples, **derived},
                                bias={n: self._bias_by_schema[t.schema_hash] for n, t in tools.items()
                                      if t.schema_hash in self._bias_by_schema})
         self._ce_texts = {n: ce_tool_text(t) for n, t in tools.items()}
@@ -238,6 +250,62 @@ class Router:
     def embed_texts(self, texts: list[str]) -> np.ndarray:
         """Requests embedded as the router embeds a query (the gate's query encoder, else the base embedder)."""
         return self.gate.embed_queries(texts) if self.gate is not None else self.embedder.embed(texts)
+
+    def _example_keys(self, tools: dict[str, Tool]) -> dict[str, np.ndarray]:
+        """The keys of ``tools`` that have registered example requests: those requests as the router embeds a
+        query (embedded once per schema and set of requests)."""
+        need: dict[str, tuple[str, list[str]]] = {}
+        for t in tools.values():
+            try:
+                raw = self.store.get(examples_key(t))
+            except ArtifactNotFound:
+                continue
+            digest = hashlib.sha256(raw).hexdigest()
+            if self._example_vecs.get(t.schema_hash, ("",))[0] == digest:
+                continue
+            try:
+                reqs = json.loads(raw)["requests"]
+            except (ValueError, KeyError, TypeError) as e:
+                log.error("example requests of %s unreadable (%s): text key only", t.name, e)
+                continue
+            need[t.schema_hash] = (digest, reqs)
+        texts = [r for _, reqs in need.values() for r in reqs]
+        if texts:
+            mat = self.embed_texts(texts)
+            i = 0
+            for h, (digest, reqs) in need.items():
+                self._example_vecs[h] = (digest, mat[i:i + len(reqs)])
+                i += len(reqs)
+        return {n: self._example_vecs[t.schema_hash][1] for n, t in tools.items() if t.schema_hash in self._example_vecs
+                and self.store.exists(examples_key(t))}
+
+    def store_examples(self, tools: Mapping[str, Tool], examples: Mapping[str, Sequence[str]]) -> None:
+        """Validate ``examples`` (tool name -> example requests, for tools of ``tools``) and store them by each
+        tool's schema hash (they key it from the next load on). InvalidArgument names what is wrong; nothing is
+        stored then."""
+        for name, reqs in self.check_examples(tools, examples).items():
+            t = tools[name]
+            self.store.put(examples_key(t), json.dumps({"requests": reqs}).encode(),
+                           {"tool": t.name, "schema_hash": t.schema_hash, "n": len(reqs)})
+
+    def check_examples(self, tools: Mapping[str, Tool], examples: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        """``examples`` stripped, or InvalidArgument naming the first problem (``store_examples``)."""
+        clean: dict[str, list[str]] = {}
+        for name, reqs in examples.items():
+            if name not in tools:
+                raise InvalidArgument(f"examples for {name!r}: not a tool of this registration")
+            reqs = [r.strip() for r in reqs]
+            if not reqs or not all(reqs):
+                raise InvalidArgument(f"examples for {name!r}: give one or more non-empty requests")
+            if len(reqs) > MAX_EXAMPLES_PER_TOOL:
+                raise InvalidArgument(f"examples for {name!r}: {len(reqs)} requests; the limit is "
+                                      f"{MAX_EXAMPLES_PER_TOOL}")
+            for r in reqs:
+                if len(r) > self.config.max_query_chars:
+                    raise InvalidArgument(f"examples for {name!r}: a request of {len(r)} characters; the limit is "
+                                          f"{self.config.max_query_chars}")
+            clean[name] = reqs
+        return clean
 
     def _derived_keys(self, tools: dict[str, Tool]) -> dict[str, np.ndarray]:
         """The derived keys of ``tools`` whose derived requests are in the store (embedded once per schema);
@@ -328,7 +396,10 @@ class Router:
                            {"tool": t.name, "schema_hash": t.schema_hash, "dim": self.embedder.dim,
                             "embedder": self.embedder.fingerprint})
 
-    async def register(self, raw_tools: Sequence[str], compile_fn: CompileFn) -> tuple[list[str], int, int]:
+    async def register(self, raw_tools: Sequence[str], compile_fn: CompileFn,
+                       examples: Mapping[str, Sequence[str]] | None = None) -> tuple[list[str], int, int]:
+        """Compile and register ``raw_tools`` (MCP JSON), with ``examples`` (tool name -> example requests) that
+        key them too (``store_examples``)."""
         if not raw_tools:
             raise InvalidArgument("no tools given")
         tools: list[Tool] = []
@@ -342,6 +413,8 @@ class Router:
                 raise InvalidArgument(f"tools[{i}]: duplicate tool name {tool.name!r} in request")
             seen.add(tool.name)
             tools.append(tool)
+        by_name = {t.name: t for t in tools}
+        examples = self.check_examples(by_name, examples or {})  # before anything compiles: a bad one registers nothing
         sem = asyncio.Semaphore(self.config.compile_concurrency)
 
         async def one(t: Tool) -> None:
@@ -352,6 +425,8 @@ class Router:
             await asyncio.to_thread(self._store_base_embeddings, tools)
         # Compile everything first: a tool is only registered once its artifacts exist.
         await asyncio.gather(*(one(t) for t in tools))
+        if examples:
+            await asyncio.to_thread(self.store_examples, by_name, examples)
         version = await asyncio.to_thread(self.store.registry_put, tools)
         await self.sync(force=True)
         return [t.name for t in tools], version, len(self.view.tools)

@@ -6,6 +6,7 @@ import asyncio
 
 from nexus.v1 import router_pb2, router_pb2_grpc
 from services.common.clients import AsyncCompilerClient
+from services.common.errors import InvalidArgument
 from services.common.metrics import Metrics
 from services.common.tools import Tool
 from services.router.router import HistoryTurn, Router
@@ -45,7 +46,12 @@ class RouterServicer(router_pb2_grpc.RouterServiceServicer):
                                               defer_kv_block=request.defer_kv_blocks)
             warnings.extend(grammar_warnings(res))
 
-        names, version, total = await self.router.register(list(request.tools), compile_fn)
+        examples: dict[str, list[str]] = {}
+        for ex in request.examples:
+            if ex.tool in examples:
+                raise InvalidArgument(f"examples for {ex.tool!r} given twice")
+            examples[ex.tool] = list(ex.requests)
+        names, version, total = await self.router.register(list(request.tools), compile_fn, examples)
         return router_pb2.RegisterToolsResponse(names=names, registry_version=version, total=total,
                                                 warnings=warnings)
 

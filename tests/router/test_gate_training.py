@@ -526,3 +526,58 @@ def test_exemplar_keys_and_bias_follow_the_schema_not_the_name_through_register_
     finally:
         router.stop()
         compiler.stop()
+
+
+def test_a_users_example_requests_key_their_tool_through_register_route_and_list(tiny, tmp_path):
+    """RegisterTools with examples: the router keys the user's tool by them too (ListTools keys "examples"), a
+    request like one of them scores the tool higher than its text key alone did, they stay with the schema across a
+    re-registration without examples and not with a re-described tool; bad examples register nothing (real gRPC,
+    the tiny real gate model)."""
+    import grpc
+
+    from nexus_client import NexusClient, NexusClientError
+    from tests.conftest import start_compiler, start_router
+
+    gate = _with_tau(tiny, -1e9, exemplar_weight=0.75)
+    store_url = str(tmp_path / "store")
+    compiler = start_compiler(store_url)
+    router = start_router(store_url, compiler.addr, gate_model_dir=str(gate), native_scan=False)
+    refund = {"name": "shop_refund_order", "description": "Refund a customer order.",
+              "inputSchema": {"type": "object", "properties": {"order_id": {"type": "string"}}}}
+    query = "the parcel for A-1009 arrived broken, give the buyer their money back"
+    examples = {"shop_refund_order": ["the parcel for A-2210 arrived broken, give the buyer their money back",
+                                      "customer wants their money back for order 881"]}
+    try:
+        with NexusClient(router=router.addr, timeout_s=120) as client:
+            client.register([t.to_json() for t in tiny["tools"]] + [refund])
+            assert {t.name: t.keys for t in client.list_tools().tools}["shop_refund_order"] == "text"
+            before = {c.tool: c.score for c in client.route(query, top_k=10).candidates}["shop_refund_order"]
+            for bad, msg in (({"nope": ["x"]}, "not a tool of this registration"),
+                             ({"shop_refund_order": [" "]}, "non-empty"),
+                             ({"shop_refund_order": ["x"] * 65}, "the limit is 64")):
+                with pytest.raises(NexusClientError, match=msg) as e:
+                    client.register([refund], examples=bad)
+                assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert {t.name: t.keys for t in client.list_tools().tools}["shop_refund_order"] == "text"
+            client.register([refund], examples=examples)
+            assert {t.name: t.keys for t in client.list_tools().tools}["shop_refund_order"] == "examples"
+            after = {c.tool: c.score for c in client.route(query, top_k=10).candidates}["shop_refund_order"]
+            assert after > before
+            client.register([refund])  # the same schema again, no examples given: it keeps them
+            assert {t.name: t.keys for t in client.list_tools().tools}["shop_refund_order"] == "examples"
+            client.register([{**refund, "description": "Refund a customer order in full."}])  # a new tool
+            assert {t.name: t.keys for t in client.list_tools().tools}["shop_refund_order"] == "text"
+    finally:
+        router.stop()
+        compiler.stop()
+
+
+def test_example_files_read_as_tool_to_requests(tmp_path):
+    from cli.main import load_examples
+
+    f = tmp_path / "ex.jsonl"
+    f.write_text('{"tool": "a", "request": "one"}\n\n{"tool": "a", "request": "two"}\n{"tool": "b", "request": "x"}\n')
+    assert load_examples(str(f)) == {"a": ["one", "two"], "b": ["x"]}
+    f.write_text('{"tool": "a"}\n')
+    with pytest.raises(SystemExit, match="ex.jsonl:1"):
+        load_examples(str(f))

@@ -268,11 +268,16 @@ def test_fold_encoders_score_only_their_unseen_servers_and_pool(tiny_encoder, tm
     for f, tools_known in zip(rep["folds"], other_tools, strict=True):
         gate = json.loads((Path(f["router"]["gate"]) / "gate.json").read_text())
         assert set(gate["tool_schemas"]) == tools_known and f["router"]["protocol"] == "unseen"
-    for arm in ("router (unseen, tools as new)", "router (unseen, as it serves), new requests"):
+    for arm in ("router (unseen, tools as new)", "router (unseen, as it serves), new requests",
+                "router (unseen, as it serves + examples), new requests"):
         row = rep["arms"][arm]["by_size"]["all"]
         assert rep["arms"][arm]["protocol"] == "unseen" and set(row["top1_by_server"]) == {"time", "redis"}
         assert 0 < row["top1"] <= row["top3"] <= 1
     assert rep["paired"]["router (unseen, tools as new) vs public dense"]["all"]["sign_test_p"] <= 1
+    # the scored servers' own requests registered as examples key their tools: they route the new requests better
+    ex = rep["paired"]["router (unseen, as it serves + examples), new requests vs router (unseen, as it serves), "
+                       "new requests"]["all"]
+    assert ex["fixed"] >= ex["broken"]
     assert rep["protocol"]["scored_servers"] == ["redis", "time"] and rep["protocol"]["unscored_servers"] == []
     dense = rep["arms"]["public dense"]["by_size"]["all"]
     assert set(dense["top1_by_server"]) == {"time", "redis"}
