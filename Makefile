@@ -18,7 +18,7 @@ PROTOS      := $(wildcard protos/nexus/v1/*.proto)
 PROTO_STAMP := nexus/v1/.stamp
 NATIVE_SRC  := $(shell find native -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name 'CMakeLists.txt' -o -name 'pyproject.toml' \) -not -path 'native/build/*' 2>/dev/null)
 
-.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval eval-public eval-models train-encoder engine engine-install compose-config native-asan fuzz load reliability train
+.PHONY: help setup deps proto native gguf models stubs test test-unit run lint clean distclean bench eval eval-public eval-public-folds eval-models train-encoder train-public-folds engine engine-install compose-config native-asan fuzz load reliability train
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -188,6 +188,23 @@ eval-public: setup  ## the headline routing figure: shipped tools as unseen -> r
 	$(VENV)/bin/nexus eval routing --protocol public --encoder $(MODEL_CACHE)/encoder \
 		--gate $(MODEL_CACHE)/gate-public,var/models/gate --queries $(QUERIES) --tools $(TOOLS) --draws 3 \
 		--json reports/routing_public.json
+
+# The shipped recipe (public tools + our requests) on servers it never saw (issue 50): the shipped servers in two
+# folds; each fold's encoder trains on Seal-Tools plus the other fold's requests (~36 min a fold on 2 cores,
+# checkpointed per epoch: an interrupted run resumes), and its gate model (built as the shipped one, from the other
+# fold only) routes the fold's own servers' requests. train-public-folds: ~75 min, run it in the background.
+FOLDS_CACHE ?= $(MODEL_CACHE)
+train-public-folds: deps proto  ## the two fold encoders of eval-public-folds into $(FOLDS_CACHE)/public_ours_fold{0,1}
+	mkdir -p $(FOLDS_CACHE)
+	i=0; $(PY) -m evals.public_folds --split 2 | sed 's/^fold [0-9]*: //' | while read servers; do \
+		$(PY) -m training.public --with-shipped --holdout-servers $$servers --epochs 2 \
+			--out $(FOLDS_CACHE)/public_ours_fold$$i $(if $(CI),--no-progress,) </dev/null || exit 1; i=$$((i+1)); done
+
+eval-public-folds: setup  ## the router's figure on servers it never saw -> reports/routing_public_folds.{json,png} (~15 min)
+	@for i in 0 1; do test -f $(FOLDS_CACHE)/public_ours_fold$$i/public_meta.json || { \
+		echo "eval-public-folds: no $(FOLDS_CACHE)/public_ours_fold$$i (make train-public-folds)"; exit 2; }; done
+	$(PY) -m evals.public_folds --fold $(FOLDS_CACHE)/public_ours_fold0 --fold $(FOLDS_CACHE)/public_ours_fold1 \
+		--gates --json reports/routing_public_folds.json
 
 # The engine's default model by measurement (issue 51): each model on the same held-out lines, resumable, one report.
 ENGINE_MODELS ?= smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
