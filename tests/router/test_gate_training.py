@@ -581,3 +581,38 @@ def test_example_files_read_as_tool_to_requests(tmp_path):
     f.write_text('{"tool": "a"}\n')
     with pytest.raises(SystemExit, match="ex.jsonl:1"):
         load_examples(str(f))
+
+
+def test_nexus_register_sends_an_example_file_with_its_tools(tiny, tmp_path, capsys):
+    """`nexus register --tools DIR --examples FILE.jsonl` against a real router: the tools named in the file are keyed
+    by their examples (ListTools), the others by their text; examples for a tool not in DIR register nothing."""
+    from cli.main import main as nexus
+    from nexus_client import NexusClient
+    from tests.conftest import start_compiler, start_router
+
+    tools_dir = tmp_path / "tools"
+    tools_dir.mkdir()
+    (tools_dir / "shop.json").write_text(json.dumps({"server": "shop", "tools": [
+        {"name": "shop_refund_order", "description": "Refund a customer order.",
+         "inputSchema": {"type": "object", "properties": {"order_id": {"type": "string"}}}},
+        {"name": "shop_track_parcel", "description": "Where a parcel is now.",
+         "inputSchema": {"type": "object", "properties": {"parcel_id": {"type": "string"}}}}]}))
+    examples = tmp_path / "examples.jsonl"
+    examples.write_text(json.dumps({"tool": "shop_refund_order", "request": "money back for order 881"}) + "\n")
+    store_url = str(tmp_path / "store")
+    compiler = start_compiler(store_url)
+    router = start_router(store_url, compiler.addr, gate_model_dir=str(_with_tau(tiny, -1e9, exemplar_weight=0.75)),
+                          native_scan=False)
+    try:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"tool": "shop_cancel_order", "request": "cancel 881"}) + "\n")
+        with pytest.raises(SystemExit, match="shop_cancel_order"):
+            nexus(["register", "--tools", str(tools_dir), "--router", router.addr, "--examples", str(bad)])
+        assert nexus(["register", "--tools", str(tools_dir), "--router", router.addr, "--examples", str(examples)]) == 0
+        assert "examples 1, text 1" in capsys.readouterr().out
+        with NexusClient(router=router.addr) as client:
+            keys = {t.name: t.keys for t in client.list_tools().tools}
+        assert keys == {"shop_refund_order": "examples", "shop_track_parcel": "text"}
+    finally:
+        router.stop()
+        compiler.stop()
