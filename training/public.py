@@ -335,6 +335,9 @@ class PublicHyperParams:
     scale: float = 20.0  # MNRL's inverse temperature (its default)
     seed: int = 0
     max_steps: int = -1  # > 0: stop after this many optimizer steps (tests)
+    # one mined hard negative per pair (``mine_hard_negatives``): the base model's nearest other training tool,
+    # most often a sibling of the same server or field, beside the in-batch negatives
+    hard_negatives: bool = False
 
 
 # The router's encoder as shipped (training/recipes.py "encoder"): 2 epochs (DESIGN §7: 3, 6 or 10 gave the same
@@ -347,6 +350,27 @@ def data_hash(pairs: Sequence[Pair], docs: dict[str, str]) -> str:
     for p in pairs:
         h.update(json.dumps([p.request_id, p.query, p.tool, docs[p.tool]]).encode())
     return h.hexdigest()
+
+
+def mine_hard_negatives(pairs: Sequence[Pair], docs: dict[str, str], model: Any, batch_size: int = 64) -> list[str]:
+    """For each pair, the document of the training tool (``docs``: only tools that pairs call, so a held-out tool is
+    never one) nearest its request under ``model``, other than any tool the same request calls."""
+    import numpy as np
+
+    names = sorted(docs)
+    dv = model.encode([docs[n] for n in names], batch_size=batch_size, normalize_embeddings=True)
+    qv = model.encode([p.query for p in pairs], batch_size=batch_size, normalize_embeddings=True)
+    calls: dict[str, set[str]] = {}
+    for p in pairs:
+        calls.setdefault(p.request_id, set()).add(p.tool)
+    pos = {n: i for i, n in enumerate(names)}
+    sims = np.asarray(qv) @ np.asarray(dv).T
+    out = []
+    for i, p in enumerate(pairs):
+        row = sims[i].copy()
+        row[[pos[t] for t in calls[p.request_id]]] = -np.inf
+        out.append(docs[names[int(np.argmax(row))]])
+    return out
 
 
 def _last_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -394,7 +418,13 @@ def train(pairs: Sequence[Pair], tools: dict[str, Tool], out: str | Path, hp: Pu
     set_seed(hp.seed)
     model = SentenceTransformer(str(resolve_embedder(base)), device="cpu")
     model.max_seq_length = hp.max_seq_length
-    ds = Dataset.from_dict({"anchor": [p.query for p in pairs], "positive": [docs[p.tool] for p in pairs]})
+    columns = {"anchor": [p.query for p in pairs], "positive": [docs[p.tool] for p in pairs]}
+    if hp.hard_negatives:
+        t_mine = time.time()
+        columns["negative"] = mine_hard_negatives(pairs, docs, model)
+        print(f"[public] mined a hard negative for each of {len(pairs)} pairs in {time.time() - t_mine:.0f}s",
+              file=sys.stderr, flush=True)
+    ds = Dataset.from_dict(columns)
     loss = MultipleNegativesRankingLoss(model, scale=hp.scale)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(ckpt_dir), num_train_epochs=hp.epochs, max_steps=hp.max_steps,
@@ -464,6 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{SEAL_DERIVED}, resuming), then stop; no training")
     ap.add_argument("--derive-model", default="", help="generator GGUF for --derive (default: the installed one)")
     ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
+    ap.add_argument("--hard-negatives", action="store_true",
+                    help="add one mined hard negative per pair (the base model's nearest other training tool)")
     ap.add_argument("--no-resume", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -496,7 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.limit_pairs and a.limit_pairs < len(pairs):
         pairs = sorted(random.Random(a.seed).sample(pairs, a.limit_pairs), key=lambda p: (p.request_id, p.tool))
         print(f"[public] limited to {len(pairs)} pairs", file=sys.stderr, flush=True)
-    hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, seed=a.seed, max_steps=a.max_steps)
+    hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, seed=a.seed, max_steps=a.max_steps,
+                           hard_negatives=a.hard_negatives)
     meta = train(pairs, tools, a.out, hp, base=a.base, progress=not a.no_progress, resume=not a.no_resume,
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,

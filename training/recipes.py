@@ -33,7 +33,9 @@ def _encoder_params() -> dict[str, Any]:
     registry's own (train.jsonl + routing_augment), `make train`'s ``python -m training.public --with-shipped``."""
     from training.public import ROUTER_ENCODER
 
-    return {**asdict(ROUTER_ENCODER), "with_shipped": True}
+    # a switch added off leaves the key (and so the committed model) as it was
+    hp = {k: v for k, v in asdict(ROUTER_ENCODER).items() if not (k == "hard_negatives" and not v)}
+    return {**hp, "with_shipped": True}
 
 
 def _gate_params() -> dict[str, Any]:

@@ -306,3 +306,20 @@ def test_pooling_folds_weights_each_by_its_line_draws_and_sums_the_paired_counts
     assert row["top1_by_fold"] == [0.6, 0.8] and row["top1_by_server"] == {"a": 0.6, "b": 0.8}
     p = out["paired"]["public dense vs base dense"]["250"]
     assert (p["fixed"], p["broken"]) == (15, 7) and 0 < p["sign_test_p"] < 1
+
+
+def test_a_hard_negative_is_the_nearest_other_tool_never_one_the_request_calls():
+    class Model:  # texts -> fixed unit vectors: what mining reads of a model
+        vec = {"q1": [1, 0, 0], "q2": [0, 1, 0], "doc a": [1, 0, 0], "doc b": [0.9, 0.1, 0], "doc c": [0.8, 0.6, 0],
+               "doc d": [0, 1, 0]}
+
+        def encode(self, texts, batch_size, normalize_embeddings):
+            v = np.array([self.vec[t] for t in texts], dtype=float)
+            return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    docs = {"a": "doc a", "b": "doc b", "c": "doc c", "d": "doc d"}
+    pairs = [public.Pair("r1", "q1", "a"), public.Pair("r1", "q1", "b"), public.Pair("r2", "q2", "d")]
+    # r1 calls a and b: neither is its negative, c (the next nearest) is; r2's nearest other tool is c too
+    assert public.mine_hard_negatives(pairs, docs, Model()) == ["doc c", "doc c", "doc c"]
+    pairs2 = [public.Pair("r1", "q1", "a"), public.Pair("r2", "q2", "d")]
+    assert public.mine_hard_negatives(pairs2, docs, Model()) == ["doc b", "doc c"]
