@@ -201,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gates", action="store_true",
                     help="add the router's arms: a gate model per fold from the other folds' lines (minutes a fold)")
     ap.add_argument("--gate-tool-text", default=None, choices=sorted(KEY_TEXTS),
-                    help="the text the fold gates key tools by ('' = name: description; default: the shipped gate's)")
+                    help="the text the fold gates key tools by (default: the fold encoder's own form, as the shipped gate)")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public_folds.json"))
     a = ap.parse_args(argv)
     if a.split:

@@ -255,11 +255,13 @@ class Router:
         """The keys of ``tools`` that have registered example requests: those requests as the router embeds a
         query (embedded once per schema and set of requests)."""
         need: dict[str, tuple[str, list[str]]] = {}
-        for t in tools.values():
+        present: list[str] = []
+        for n, t in tools.items():
             try:
                 raw = self.store.get(examples_key(t))
             except ArtifactNotFound:
                 continue
+            present.append(n)
             digest = hashlib.sha256(raw).hexdigest()
             if self._example_vecs.get(t.schema_hash, ("",))[0] == digest:
                 continue
@@ -276,14 +278,17 @@ class Router:
             for h, (digest, reqs) in need.items():
                 self._example_vecs[h] = (digest, mat[i:i + len(reqs)])
                 i += len(reqs)
-        return {n: self._example_vecs[t.schema_hash][1] for n, t in tools.items() if t.schema_hash in self._example_vecs
-                and self.store.exists(examples_key(t))}
+        return {n: self._example_vecs[tools[n].schema_hash][1] for n in present
+                if tools[n].schema_hash in self._example_vecs}
 
     def store_examples(self, tools: Mapping[str, Tool], examples: Mapping[str, Sequence[str]]) -> None:
         """Validate ``examples`` (tool name -> example requests, for tools of ``tools``) and store them by each
         tool's schema hash (they key it from the next load on). InvalidArgument names what is wrong; nothing is
         stored then."""
-        for name, reqs in self.check_examples(tools, examples).items():
+        self._put_examples(tools, self.check_examples(tools, examples))
+
+    def _put_examples(self, tools: Mapping[str, Tool], clean: Mapping[str, list[str]]) -> None:
+        for name, reqs in clean.items():
             t = tools[name]
             self.store.put(examples_key(t), json.dumps({"requests": reqs}).encode(),
                            {"tool": t.name, "schema_hash": t.schema_hash, "n": len(reqs)})
@@ -426,7 +431,7 @@ class Router:
         # Compile everything first: a tool is only registered once its artifacts exist.
         await asyncio.gather(*(one(t) for t in tools))
         if examples:
-            await asyncio.to_thread(self.store_examples, by_name, examples)
+            await asyncio.to_thread(self._put_examples, by_name, examples)  # checked above
         version = await asyncio.to_thread(self.store.registry_put, tools)
         await self.sync(force=True)
         return [t.name for t in tools], version, len(self.view.tools)
