@@ -18,6 +18,12 @@ words), its description or its document has cosine >= 0.8 on base all-MiniLM-L6-
 tool (data/mcp_tools), or when it is in ``HAND_DROPPED`` (reviewed by hand among the near misses); what was dropped
 is written to ``data/public_tools/dropped.json``.
 
+Written servers (``--with-written``, ``load_written``): MCP-style servers of public APIs that no shipped server does
+the job of (payments, CRM, calendars, monitoring, ...), with three requests a tool, written for this project without
+reading the shipped registry or its requests (``data/public_tools/written``); the same overlap filter keeps them
+away from the shipped tools (report: ``written/dropped.json``). They add what Seal lacks: many sibling tools of one
+server, told apart by their requests.
+
 Training (``train``): sentence-transformers MultipleNegativesRankingLoss (in-batch negatives, scale 20), the
 no-duplicates batch sampler, lr 5e-5, max_seq_length 128, batch 64, 3 epochs, seeded; a checkpoint each epoch under
 ``OUT/checkpoints`` (a killed run resumes from the last one), the final model saved to ``OUT`` as a
@@ -57,6 +63,10 @@ DROPPED = "dropped.json"
 # calls: ``python -m training.public --derive N`` writes or completes it, ``--with-derived`` trains on it
 SEAL_DERIVED = "seal_derived.jsonl"
 SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment")
+# MCP-style servers of public APIs (payments, CRM, calendars, monitoring, ...) and requests for their tools, written
+# for this project without reading the shipped registry or its requests (``load_written``); ``--with-written`` trains
+# on them, after the same overlap filter as Seal's (report: WRITTEN/dropped.json)
+WRITTEN = "written"
 
 OVERLAP_THRESHOLD = 0.8
 FILTER_VERSION = "public-overlap-v1"
@@ -165,6 +175,42 @@ def load_seal_pairs(root: str | Path = PUBLIC_DIR, known: Iterable[str] | None =
     return out
 
 
+def load_written(root: str | Path = PUBLIC_DIR) -> tuple[dict[str, Tool], list[Pair]]:
+    """The written servers (``PUBLIC/written/<server>.json``: ``{server, about, tools: [MCP tool], requests: [{tool,
+    query}]}``): their tools keyed ``server/name`` (two servers may both have a ``list_users``) and their (request,
+    tool) pairs. A repeated tool name in a server, or a request naming no tool of its server, is an error."""
+    tools: dict[str, Tool] = {}
+    pairs: list[Pair] = []
+    for f in sorted((Path(root) / WRITTEN).glob("*.json")):
+        if f.name == DROPPED:
+            continue
+        d = json.loads(f.read_text())
+        server = d["server"]
+        own: dict[str, Tool] = {}
+        for raw in d["tools"]:
+            t = parse_tool(raw)
+            if t.name in own:
+                raise ValueError(f"{f}: tool {t.name!r} twice")
+            own[t.name] = t
+        for i, r in enumerate(d["requests"]):
+            if r["tool"] not in own:
+                raise ValueError(f"{f}: request {i} names {r['tool']!r}, not a tool of {server}")
+            pairs.append(Pair(f"{WRITTEN}/{server}/{i}", r["query"], f"{server}/{r['tool']}"))
+        tools.update({f"{server}/{n}": t for n, t in own.items()})
+    return tools, pairs
+
+
+def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPPED_TOOLS
+                  ) -> tuple[list[Pair], dict[str, Tool], dict[str, Any]]:
+    """The written servers' pairs and tools that the overlap filter keeps (no hand list: the services were chosen
+    away from the shipped servers' jobs), and its report (written beside them, tools named ``server/name``)."""
+    tools, pairs = load_written(root)
+    report = dropped_tools(list(tools.values()), load_shipped_tools(shipped_dir), Path(root) / WRITTEN / DROPPED,
+                           hand={}, names=list(tools))
+    drop = {r["tool"] for r in report["dropped"]}
+    return apply_filter(pairs, drop), {k: t for k, t in tools.items() if k not in drop}, report
+
+
 def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
                        holdout_servers: Iterable[str] = ()) -> list[Pair]:
     """(request, tool) pairs of the shipped registry's own request files (``data/queries/train.jsonl``,
@@ -191,25 +237,28 @@ def _desc(tool: Tool) -> str:
 # ----------------------------------------------------------------------------------------------------- overlap
 
 def filter_key(public: Sequence[Tool], shipped: Sequence[Tool], threshold: float,
-               hand: dict[str, tuple[str, str]]) -> str:
+               hand: dict[str, tuple[str, str]], names: Sequence[str] | None = None) -> str:
     """What the overlap filter's answer depends on (the embedder is the wheel's, fixed by requirements.txt)."""
     h = hashlib.sha256()
     for t in (*public, *shipped):
         h.update(t.canonical_json().encode())
-    h.update(json.dumps({"threshold": threshold, "hand": hand, "version": FILTER_VERSION, "doc": DOC_VERSION},
-                        sort_keys=True).encode())
+    h.update(json.dumps({"threshold": threshold, "hand": hand, "version": FILTER_VERSION, "doc": DOC_VERSION,
+                         **({"names": list(names)} if names is not None else {})}, sort_keys=True).encode())
     return h.hexdigest()
 
 
 def overlap_filter(public: Sequence[Tool], shipped: Sequence[Tool], embed, threshold: float = OVERLAP_THRESHOLD,
-                   hand: dict[str, tuple[str, str]] | None = None, near: float = 0.65) -> dict[str, Any]:
+                   hand: dict[str, tuple[str, str]] | None = None, near: float = 0.65,
+                   names: Sequence[str] | None = None) -> dict[str, Any]:
     """Which public tools come too close to a shipped one. ``embed(texts) -> unit-norm (n, d) array`` (the base
     embedder). Three texts are compared, each with the same text of every shipped tool: the name as words, the
     description, the whole document (``tool_doc``); a tool is dropped when any reaches ``threshold``, or when it is
     in ``hand``. Returns ``{"dropped": [...], "near_misses": [...], ...}``: each dropped tool with its nearest
     shipped tool, the cosine and the text that reached it; near misses (best cosine in [near, threshold)) are what
-    the hand list was reviewed from."""
+    the hand list was reviewed from. ``names``: what the report (and ``hand``) calls each public tool (default its
+    name)."""
     hand = dict(HAND_DROPPED if hand is None else hand)
+    names = [t.name for t in public] if names is None else list(names)
     by: dict[str, tuple[Any, Any]] = {}
     for kind, fn in (("name", lambda t: name_words(t.name)), ("description", _desc), ("text", tool_doc)):
         by[kind] = (embed([fn(t) for t in public]), embed([fn(t) for t in shipped]))
@@ -219,20 +268,20 @@ def overlap_filter(public: Sequence[Tool], shipped: Sequence[Tool], embed, thres
     for i, t in enumerate(public):
         best = max(((float(s[i].max()), int(s[i].argmax()), k) for k, s in sims.items()), key=lambda x: x[0])
         cos, j, kind = best
-        rec = {"tool": t.name, "description": t.description, "nearest_shipped": shipped[j].name,
+        rec = {"tool": names[i], "description": t.description, "nearest_shipped": shipped[j].name,
                "cosine": round(cos, 4), "by": kind,
                "cosines": {k: round(float(s[i, j]), 4) for k, s in sims.items()}}
         if cos >= threshold:
             dropped.append(rec)
-        elif t.name in hand:
-            target = hand[t.name][0]
+        elif names[i] in hand:
+            target = hand[names[i]][0]
             jh = shipped_pos.get(target, j)
-            dropped.append({**rec, "by": "hand", "nearest_shipped": shipped[jh].name, "reason": hand[t.name][1],
+            dropped.append({**rec, "by": "hand", "nearest_shipped": shipped[jh].name, "reason": hand[names[i]][1],
                             "cosine": round(max(float(s[i, jh]) for s in sims.values()), 4),
                             "cosines": {k: round(float(s[i, jh]), 4) for k, s in sims.items()}})
         elif cos >= near:
             near_misses.append(rec)
-    unknown = sorted(set(hand) - {t.name for t in public})
+    unknown = sorted(set(hand) - set(names))
     if unknown:
         raise ValueError(f"HAND_DROPPED names tools that are not in the public set: {unknown[:5]}")
     dropped.sort(key=lambda r: -r["cosine"])
@@ -253,16 +302,19 @@ def base_embed_fn(batch_size: int = 128):
 
 
 def dropped_tools(public: Sequence[Tool], shipped: Sequence[Tool], path: str | Path | None = PUBLIC_DIR / DROPPED,
-                  embed=None, threshold: float = OVERLAP_THRESHOLD) -> dict[str, Any]:
+                  embed=None, threshold: float = OVERLAP_THRESHOLD, hand: dict[str, tuple[str, str]] | None = None,
+                  names: Sequence[str] | None = None) -> dict[str, Any]:
     """The overlap filter's report, read from ``path`` when it was made from the same tools, threshold and hand
-    list (its ``key``), else computed (with ``embed``, default the base embedder) and written there."""
-    key = filter_key(public, shipped, threshold, HAND_DROPPED)
+    list (its ``key``; ``hand`` default ``HAND_DROPPED``), else computed (with ``embed``, default the base embedder)
+    and written there."""
+    hand = HAND_DROPPED if hand is None else hand
+    key = filter_key(public, shipped, threshold, hand, names)
     p = Path(path) if path else None
     if p is not None and p.is_file():
         doc = json.loads(p.read_text())
         if doc.get("key") == key:
             return doc
-    doc = {"key": key, **overlap_filter(public, shipped, embed or base_embed_fn(), threshold)}
+    doc = {"key": key, **overlap_filter(public, shipped, embed or base_embed_fn(), threshold, hand, names=names)}
     if p is not None:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
@@ -494,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{SEAL_DERIVED}, resuming), then stop; no training")
     ap.add_argument("--derive-model", default="", help="generator GGUF for --derive (default: the installed one)")
     ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
+    ap.add_argument("--with-written", action="store_true",
+                    help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
     ap.add_argument("--hard-negatives", action="store_true",
                     help="add one mined hard negative per pair (the base model's nearest other training tool)")
     ap.add_argument("--no-resume", action="store_true")
@@ -517,6 +571,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = [*pairs, *extra]
         print(f"[public] + {len(extra)} derived pairs over {len({p.tool for p in extra})} tools",
               file=sys.stderr, flush=True)
+    if a.with_written:
+        extra, wtools, wrep = written_pairs(a.public, a.shipped)
+        tools, pairs = {**tools, **wtools}, [*pairs, *extra]
+        print(f"[public] + {len(extra)} written pairs over {len({p.tool for p in extra})} tools "
+              f"({wrep['n_dropped']} written tools dropped as close to shipped ones)", file=sys.stderr, flush=True)
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
         shipped = load_shipped_tools(a.shipped)
@@ -533,7 +592,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = train(pairs, tools, a.out, hp, base=a.base, progress=not a.no_progress, resume=not a.no_resume,
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
-                             "holdout_servers": a.holdout_servers, "with_derived": a.with_derived})
+                             "holdout_servers": a.holdout_servers, "with_derived": a.with_derived,
+                             **({"with_written": True} if a.with_written else {})})
     print(json.dumps(meta), flush=True)
     return 0
 

@@ -84,6 +84,58 @@ def test_the_shipped_overlap_report_matches_the_data():
     assert all(r["nearest_shipped"] in shipped_names for r in rep["dropped"])
 
 
+def _server(root, server, tools, requests):
+    d = root / public.WRITTEN
+    d.mkdir(parents=True, exist_ok=True)
+    (d / f"{server}.json").write_text(json.dumps({
+        "server": server, "about": "", "requests": [{"tool": t, "query": q} for t, q in requests],
+        "tools": [{"name": n, "description": desc, "inputSchema": {"type": "object", "properties": {}}}
+                  for n, desc in tools]}))
+
+
+def test_written_servers_load_keyed_by_server_and_pass_the_overlap_filter(tmp_path):
+    """Written servers (--with-written): tools keyed server/name (two servers may share a name), every request a
+    pair; a tool as close to a shipped one as Seal's dropped ones goes with its requests; bad files are errors."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "time.json").write_text(json.dumps({"server": "time", "tools": [
+        {"name": "get_current_time", "description": "Get current time in a specific timezone",
+         "inputSchema": {"type": "object", "properties": {}}}]}))
+    _server(tmp_path, "payments", [("create_refund", "Refund a charge, fully or in part."),
+                                   ("list_users", "List the account's users."),
+                                   ("get_current_time", "Get the current time in a given time zone")],
+            [("create_refund", "refund ch_123"), ("list_users", "who can log in?"),
+             ("get_current_time", "what time is it in Lima"), ("create_refund", "give Ana her $20 back")])
+    _server(tmp_path, "crm", [("list_users", "List the CRM's users and their roles.")],
+            [("list_users", "which sales reps have seats")])
+    tools, pairs = public.load_written(tmp_path)
+    assert set(tools) == {"payments/create_refund", "payments/list_users", "payments/get_current_time",
+                          "crm/list_users"}
+    assert tools["crm/list_users"].name == "list_users" and len(pairs) == 5
+    kept, kept_tools, report = public.written_pairs(tmp_path, shipped)
+    assert [r["tool"] for r in report["dropped"]] == ["payments/get_current_time"]
+    assert "payments/get_current_time" not in kept_tools and len(kept) == 4
+    assert {p.tool for p in kept} == {"payments/create_refund", "payments/list_users", "crm/list_users"}
+    assert json.loads((tmp_path / public.WRITTEN / public.DROPPED).read_text())["key"] == report["key"]
+    _server(tmp_path, "crm", [("list_users", "x")], [("delete_user", "remove Bo")])
+    with pytest.raises(ValueError, match="not a tool of crm"):
+        public.load_written(tmp_path)
+    _server(tmp_path, "crm", [("list_users", "x"), ("list_users", "y")], [])
+    with pytest.raises(ValueError, match="twice"):
+        public.load_written(tmp_path)
+
+
+def test_the_written_servers_overlap_report_matches_the_data():
+    """data/public_tools/written/dropped.json is the filter's answer for the committed written servers, and every
+    written request names a tool of its server."""
+    tools, pairs = public.load_written()
+    rep = json.loads((REPO / "data" / "public_tools" / public.WRITTEN / public.DROPPED).read_text())
+    assert rep["key"] == public.filter_key(list(tools.values()), public.load_shipped_tools(),
+                                           public.OVERLAP_THRESHOLD, {}, list(tools))
+    assert len(tools) >= 400 and len(pairs) >= 3 * len(tools) - 10
+    assert {r["tool"] for r in rep["dropped"]} <= set(tools)
+
+
 def test_the_shipped_pairs_hold_out_whole_servers():
     """--with-shipped adds the shipped registry's own requests (the router's recipe); --holdout-servers leaves out
     every line of those servers, so a fold's encoder never reads a request of the servers it is scored on."""
