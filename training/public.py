@@ -63,10 +63,7 @@ DROPPED = "dropped.json"
 # calls: ``python -m training.public --derive N`` writes or completes it, ``--with-derived`` trains on it
 SEAL_DERIVED = "seal_derived.jsonl"
 SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment")
-# MCP-style servers of public APIs (payments, CRM, calendars, monitoring, ...) and requests for their tools, written
-# for this project without reading the shipped registry or its requests (``load_written``); ``--with-written`` trains
-# on them, after the same overlap filter as Seal's (report: WRITTEN/dropped.json)
-WRITTEN = "written"
+WRITTEN = "written"  # the written servers (module docstring, ``load_written``)
 
 OVERLAP_THRESHOLD = 0.8
 FILTER_VERSION = "public-overlap-v1"
