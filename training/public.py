@@ -197,13 +197,28 @@ def load_written(root: str | Path = PUBLIC_DIR) -> tuple[dict[str, Tool], list[P
     return tools, pairs
 
 
-def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPPED_TOOLS
-                  ) -> tuple[list[Pair], dict[str, Tool], dict[str, Any]]:
-    """The written servers' pairs and tools that the overlap filter keeps (no hand list: the services were chosen
-    away from the shipped servers' jobs), and its report (written beside them, tools named ``server/name``)."""
+# Written tools that do a shipped tool's job on another service, reviewed by hand: the issue trackers' issue-level
+# operations (create / read / update / search / comment / label / link an issue) are what github's and gitlab's issue
+# tools do, so jira's and linear's are left out; their boards, sprints, cycles, projects, versions and documents stay.
+WRITTEN_HAND_DROPPED: dict[str, tuple[str, str]] = {
+    **{f"jira/jira_{n}": ("github_create_issue", "an issue tracker's issue operation") for n in (
+        "search_issues", "get_issue", "create_issue", "update_issue", "delete_issue", "assign_issue",
+        "get_transitions", "transition_issue", "add_comment", "get_comments", "update_comment", "delete_comment",
+        "create_issue_link", "delete_issue_link", "add_watcher")},
+    **{f"linear/{n}": ("github_create_issue", "an issue tracker's issue operation") for n in (
+        "list_issues", "search_issues", "get_issue", "create_issue", "update_issue", "archive_issue", "delete_issue",
+        "list_comments", "create_comment", "update_comment", "list_issue_labels", "create_issue_label",
+        "create_issue_relation")},
+}
+
+
+def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPPED_TOOLS,
+                  hand: dict[str, tuple[str, str]] | None = None) -> tuple[list[Pair], dict[str, Tool], dict[str, Any]]:
+    """The written servers' pairs and tools that the overlap filter keeps (the cosine rule and ``hand``, default
+    ``WRITTEN_HAND_DROPPED``), and its report (written beside them, tools named ``server/name``)."""
     tools, pairs = load_written(root)
     report = dropped_tools(list(tools.values()), load_shipped_tools(shipped_dir), Path(root) / WRITTEN / DROPPED,
-                           hand={}, names=list(tools))
+                           hand=WRITTEN_HAND_DROPPED if hand is None else hand, names=list(tools))
     drop = {r["tool"] for r in report["dropped"]}
     return apply_filter(pairs, drop), {k: t for k, t in tools.items() if k not in drop}, report
 
