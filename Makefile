@@ -95,9 +95,11 @@ models:  ## check the shipped models against models/manifest.json and link var/m
 # ONLY=gate (or slots) ships that model alone (the other's entry is kept while current).
 MODEL_CACHE ?= $(HOME)/.cache/nexus/models
 ONLY ?=
+# the router encoder's recipe (training.recipes "encoder"), shared by `make train` and the folds that measure it
+ROUTER_RECIPE = --with-shipped --with-written --epochs 2
 train: deps proto  ## retrain the shipped models (router encoder + gate, slot reader) and write their serving form into models/
 	mkdir -p $(MODEL_CACHE)
-	$(if $(filter slots,$(ONLY)),,$(PY) -m training.public --with-shipped --epochs 2 --out $(MODEL_CACHE)/router_encoder \
+	$(if $(filter slots,$(ONLY)),,$(PY) -m training.public $(ROUTER_RECIPE) --out $(MODEL_CACHE)/router_encoder \
 		$(if $(CI),--no-progress,))
 	$(if $(filter slots,$(ONLY)),,$(VENV)/bin/nexus train-gate --queries $(QUERIES) --tools $(TOOLS) \
 		--augment data/routing_augment --calibration data/routing_calibration --encoder $(MODEL_CACHE)/router_encoder \
@@ -197,7 +199,7 @@ FOLDS_CACHE ?= $(MODEL_CACHE)
 train-public-folds: deps proto  ## the two fold encoders of eval-public-folds into $(FOLDS_CACHE)/public_ours_fold{0,1}
 	mkdir -p $(FOLDS_CACHE)
 	i=0; $(PY) -m evals.public_folds --split 2 | sed 's/^fold [0-9]*: //' | while read servers; do \
-		$(PY) -m training.public --with-shipped --holdout-servers $$servers --epochs 2 \
+		$(PY) -m training.public $(ROUTER_RECIPE) --holdout-servers $$servers \
 			--out $(FOLDS_CACHE)/public_ours_fold$$i $(if $(CI),--no-progress,) </dev/null || exit 1; i=$$((i+1)); done
 
 eval-public-folds: setup  ## the router's figure on servers it never saw -> reports/routing_public_folds.{json,png} (~15 min)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 CACHE = Path.home() / ".cache" / "nexus" / "models"
 DEFAULT_ENCODERS = {"public encoder (Seal only)": CACHE / "public_encoder",
-                    "router encoder (Seal + ours, shipped)": CACHE / "router_encoder"}
+                    "router encoder (Seal + written + ours, shipped)": CACHE / "router_encoder"}
 
 
 def load(root: Path, per_tool: int, seed: int) -> tuple[list[str], list[str], list[tuple[str, str]]]:

@@ -25,17 +25,18 @@ TOOLS = "data/mcp_tools"
 AUGMENT = "data/routing_augment"
 CALIBRATION = "data/routing_calibration"
 PUBLIC = ("data/public_tools/seal_tool.jsonl", "data/public_tools/seal_dev.jsonl",
-          "data/public_tools/seal_test_in_domain.jsonl", "data/public_tools/dropped.json")
+          "data/public_tools/seal_test_in_domain.jsonl", "data/public_tools/dropped.json", "data/public_tools/written")
 
 
 def _encoder_params() -> dict[str, Any]:
-    """The router's encoder (DESIGN §7): all-MiniLM-L6-v2 fine-tuned on the public tools' requests plus the shipped
-    registry's own (train.jsonl + routing_augment), `make train`'s ``python -m training.public --with-shipped``."""
+    """The router's encoder (DESIGN §7): all-MiniLM-L6-v2 fine-tuned on the public tools' requests, the written
+    servers' and the shipped registry's own (train.jsonl + routing_augment), `make train`'s ``python -m
+    training.public --with-shipped --with-written``."""
     from training.public import ROUTER_ENCODER
 
     # a switch added off leaves the key (and so the committed model) as it was
     hp = {k: v for k, v in asdict(ROUTER_ENCODER).items() if not (k == "hard_negatives" and not v)}
-    return {**hp, "with_shipped": True}
+    return {**hp, "with_shipped": True, "with_written": True}
 
 
 def _gate_params() -> dict[str, Any]:

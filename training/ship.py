@@ -192,8 +192,10 @@ def recipe_mismatch(src: Path, name: str) -> list[str]:
     want_enc = json.loads(json.dumps(asdict(ROUTER_ENCODER)))
     bad += [f"encoder {k}: {meta['hp'].get(k)!r}, the recipe's {v!r}" for k, v in want_enc.items()
             if meta["hp"].get(k) != v]
-    if not meta.get("with_shipped") or meta.get("holdout_servers") or meta.get("limit_pairs"):
-        bad.append("encoder: not trained on every public and shipped pair (--with-shipped, no holdout, no limit)")
+    if not (meta.get("with_shipped") and meta.get("with_written")) or meta.get("holdout_servers") \
+            or meta.get("limit_pairs"):
+        bad.append("encoder: not trained on every public, written and shipped pair (--with-shipped --with-written, "
+                   "no holdout, no limit)")
     return bad
 
 
