@@ -20,8 +20,9 @@ is written to ``data/public_tools/dropped.json``.
 
 Written servers (``--with-written``, ``load_written``): MCP-style servers of public APIs that no shipped server does
 the job of (payments, CRM, calendars, monitoring, ...), with three requests a tool, written for this project without
-reading the shipped registry or its requests (``data/public_tools/written``); the same overlap filter keeps them
-away from the shipped tools (report: ``written/dropped.json``). They add what Seal lacks: many sibling tools of one
+reading the shipped registry or its requests (``data/public_tools/written``); the same overlap filter, with its own
+hand list (``WRITTEN_HAND_DROPPED``: tools doing a shipped tool's job on another service), keeps them away from the
+shipped tools (report: ``written/dropped.json``). They add what Seal lacks: many sibling tools of one
 server, told apart by their requests.
 
 Training (``train``): sentence-transformers MultipleNegativesRankingLoss (in-batch negatives, scale 20), the
@@ -200,16 +201,15 @@ def load_written(root: str | Path = PUBLIC_DIR) -> tuple[dict[str, Tool], list[P
 # Written tools that do a shipped tool's job on another service, reviewed by hand: the issue trackers' issue-level
 # operations (create / read / update / search / comment / label / link an issue) are what github's and gitlab's issue
 # tools do, so jira's and linear's are left out; their boards, sprints, cycles, projects, versions and documents stay.
-WRITTEN_HAND_DROPPED: dict[str, tuple[str, str]] = {
-    **{f"jira/jira_{n}": ("github_create_issue", "an issue tracker's issue operation") for n in (
+WRITTEN_HAND_DROPPED: dict[str, tuple[str, str]] = dict.fromkeys((
+    *(f"jira/jira_{n}" for n in (
         "search_issues", "get_issue", "create_issue", "update_issue", "delete_issue", "assign_issue",
         "get_transitions", "transition_issue", "add_comment", "get_comments", "update_comment", "delete_comment",
-        "create_issue_link", "delete_issue_link", "add_watcher")},
-    **{f"linear/{n}": ("github_create_issue", "an issue tracker's issue operation") for n in (
+        "create_issue_link", "delete_issue_link", "add_watcher")),
+    *(f"linear/{n}" for n in (
         "list_issues", "search_issues", "get_issue", "create_issue", "update_issue", "archive_issue", "delete_issue",
         "list_comments", "create_comment", "update_comment", "list_issue_labels", "create_issue_label",
-        "create_issue_relation")},
-}
+        "create_issue_relation"))), ("github_create_issue", "an issue tracker's issue operation"))
 
 
 def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPPED_TOOLS,
