@@ -2,9 +2,8 @@
 shipped servers it never saw (issue 50; DESIGN §7's shipped recipe, measured as unseen).
 
     python -m evals.public_folds --split 2                      # print the folds' servers (training's holdouts)
-    python -m training.public --with-shipped --holdout-servers <fold i's servers> --out DIR_i   (per fold)
-    python -m evals.public_folds --fold DIR_0 --fold DIR_1 [--base ~/.cache/nexus/models/public_encoder] \
-        [--gates] --json reports/routing_public_folds.json
+    python -m training.public <ROUTER_RECIPE> --holdout-servers <fold i's servers> --out DIR_i   (make train-public-folds)
+    python -m evals.public_folds --fold DIR_0 --fold DIR_1 [--base DIR] [--gates] --json reports/routing_public_folds.json
 
 An encoder trained on Seal-Tools alone never saw a shipped tool, so one model scores the whole registry
 (``evals.public``). One trained on Seal plus the shipped tools' own requests (``--with-shipped``) has seen them: its
@@ -15,8 +14,8 @@ draws them. The folds' figures are pooled: per arm and size, top-1/top-3 over al
 intervals), per server, and the paired fixed/broken counts summed with a sign test.
 
 In the pooled report ``public`` names the fold encoders (public + ours, unseen servers) and ``base`` the ``--base``
-encoder (default: the Seal-only public encoder), so ``public dense vs base dense`` is what our requests add for
-tools the encoder never saw. The ``(seen)`` arms key each scored tool by its hand-written requests too (the
+encoder (default ``''``: plain all-MiniLM-L6-v2, which every machine has; ``--base`` the Seal-only encoder of
+``make train-encoder`` to see what our requests add for tools the encoder never saw). The ``(seen)`` arms key each scored tool by its hand-written requests too (the
 data a user may supply at registration), never by the scored request.
 
 ``--gates``: the router as it serves, per fold. Each fold's gate model is built on the fold's encoder as the shipped
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_BASE = Path.home() / ".cache/nexus/models/public_encoder"
+DEFAULT_BASE = ""  # plain all-MiniLM-L6-v2
 DEFAULT_GATES_ROOT = Path.home() / ".cache/nexus/models/public-fold-gates"
 
 
@@ -99,7 +98,7 @@ def pool(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"arms": arms, "paired": paired}
 
 
-def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = str(DEFAULT_BASE),
+def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = DEFAULT_BASE,
                    queries: str = str(REPO / "data/queries/train.jsonl"), tools: str = str(REPO / "data/mcp_tools"),
                    sizes: str = "10,50,100,250,all", draws: int = 3, seed: int = 0,
                    new_queries: str = str(REPO / "data/routing_calibration"), servers: Sequence[str] = (),
@@ -192,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", type=int, default=0, metavar="K", help="print the K folds' servers and stop")
     ap.add_argument("--fold", action="append", default=[], help="a fold encoder (training.public --holdout-servers)")
-    ap.add_argument("--base", default=str(DEFAULT_BASE), help="the encoder compared with ('' = all-MiniLM-L6-v2)")
+    ap.add_argument("--base", default=DEFAULT_BASE,
+                    help="the encoder compared with (default '': all-MiniLM-L6-v2; a training.public --out DIR)")
     ap.add_argument("--queries", default=str(REPO / "data/queries/train.jsonl"))
     ap.add_argument("--tools", default=str(REPO / "data/mcp_tools"))
     ap.add_argument("--sizes", default="10,50,100,250,all")
