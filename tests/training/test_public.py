@@ -138,6 +138,9 @@ def test_the_written_servers_overlap_report_matches_the_data():
     # the issue trackers keep only what github's and gitlab's issue tools do not do
     assert {"jira/jira_create_issue", "jira/jira_add_comment", "linear/create_issue"} <= dropped
     assert not {"jira/jira_list_sprints", "linear/list_cycles"} & dropped
+    # the Hugging Face Hub keeps its models', datasets' and Spaces' operations, not its git hosting
+    assert {"huggingface-hub/create_pull_request", "huggingface-hub/list_repo_commits"} <= dropped
+    assert not {"huggingface-hub/hf_list_models", "huggingface-hub/restart_space"} & dropped
 
 
 def test_the_shipped_pairs_hold_out_whole_servers():
