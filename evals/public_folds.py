@@ -2,8 +2,9 @@
 shipped servers it never saw (issue 50; DESIGN §7's shipped recipe, measured as unseen).
 
     python -m evals.public_folds --split 2                      # print the folds' servers (training's holdouts)
-    python -m training.public <ROUTER_RECIPE> --holdout-servers <fold i's servers> --out DIR_i   (make train-public-folds)
-    python -m evals.public_folds --fold DIR_0 --fold DIR_1 [--base DIR] [--gates] --json reports/routing_public_folds.json
+    python -m training.public <ROUTER_RECIPE> --holdout-servers <fold i's servers> --out DIR_i   (per fold)
+    python -m evals.public_folds --fold DIR_0 --fold DIR_1 [--base DIR] [--gates] \
+        --json reports/routing_public_folds.json
 
 An encoder trained on Seal-Tools alone never saw a shipped tool, so one model scores the whole registry
 (``evals.public``). One trained on Seal plus the shipped tools' own requests (``--with-shipped``) has seen them: its
@@ -15,8 +16,9 @@ intervals), per server, and the paired fixed/broken counts summed with a sign te
 
 In the pooled report ``public`` names the fold encoders (public + ours, unseen servers) and ``base`` the ``--base``
 encoder (default ``''``: plain all-MiniLM-L6-v2, which every machine has; ``--base`` the Seal-only encoder of
-``make train-encoder`` to see what our requests add for tools the encoder never saw). The ``(seen)`` arms key each scored tool by its hand-written requests too (the
-data a user may supply at registration), never by the scored request.
+``make train-encoder`` to see what our requests add for tools the encoder never saw). The ``(seen)`` arms key each
+scored tool by its hand-written requests too (the data a user may supply at registration), never by the scored
+request.
 
 ``--gates``: the router as it serves, per fold. Each fold's gate model is built on the fold's encoder as the shipped
 one is built on the shipped encoder (``training.gate.SHIPPED_GATE``: encoder kept, no cross-encoder, the SLB's

@@ -201,7 +201,9 @@ def load_written(root: str | Path = PUBLIC_DIR) -> tuple[dict[str, Tool], list[P
 # Written tools that do a shipped tool's job on another service, reviewed by hand. The issue trackers' issue-level
 # operations (create / read / update / search / comment / label / link an issue) are what github's and gitlab's issue
 # tools do, so jira's and linear's are left out; their boards, sprints, cycles, projects, versions and documents stay.
-WRITTEN_HAND_DROPPED: dict[str, tuple[str, str]] = dict.fromkeys((
+# The Hugging Face Hub is a git host: its repositories' files, commits, branches, tags, discussions and pull requests
+# are github's and git's job; its models', datasets' and Spaces' own operations stay.
+_ISSUE_TRACKER_TOOLS = (
     *(f"jira/jira_{n}" for n in (
         "search_issues", "get_issue", "create_issue", "update_issue", "delete_issue", "assign_issue",
         "get_transitions", "transition_issue", "add_comment", "get_comments", "update_comment", "delete_comment",
@@ -209,14 +211,15 @@ WRITTEN_HAND_DROPPED: dict[str, tuple[str, str]] = dict.fromkeys((
     *(f"linear/{n}" for n in (
         "list_issues", "search_issues", "get_issue", "create_issue", "update_issue", "archive_issue", "delete_issue",
         "list_comments", "create_comment", "update_comment", "list_issue_labels", "create_issue_label",
-        "create_issue_relation"))), ("github_create_issue", "an issue tracker's issue operation")) | dict.fromkeys((
-    # the Hugging Face Hub is a git host: its repositories' files, commits, branches, tags, discussions and pull
-    # requests are github's and git's job; its models', datasets' and Spaces' own operations stay
-    f"huggingface-hub/{n}" for n in (
-        "create_repo", "delete_repo", "update_repo_settings", "move_repo", "list_repo_files", "upload_file",
-        "delete_file", "list_repo_commits", "create_branch", "delete_branch", "create_tag", "list_repo_refs",
-        "get_repo_discussions", "create_discussion", "comment_discussion", "create_pull_request",
-        "merge_pull_request", "change_discussion_status")), ("github_create_repository", "a git host's repository operation"))
+        "create_issue_relation")))
+_GIT_HOST_TOOLS = tuple(f"huggingface-hub/{n}" for n in (
+    "create_repo", "delete_repo", "update_repo_settings", "move_repo", "list_repo_files", "upload_file", "delete_file",
+    "list_repo_commits", "create_branch", "delete_branch", "create_tag", "list_repo_refs", "get_repo_discussions",
+    "create_discussion", "comment_discussion", "create_pull_request", "merge_pull_request", "change_discussion_status"))
+WRITTEN_HAND_DROPPED: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(_ISSUE_TRACKER_TOOLS, ("github_create_issue", "an issue tracker's issue operation")),
+    **dict.fromkeys(_GIT_HOST_TOOLS, ("github_create_repository", "a git host's repository operation")),
+}
 
 
 def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPPED_TOOLS,
