@@ -412,6 +412,9 @@ class PublicHyperParams:
     # one mined hard negative per pair (``mine_hard_negatives``): the base model's nearest other training tool,
     # most often a sibling of the same server or field, beside the in-batch negatives
     hard_negatives: bool = False
+    # > 0: GradCache (CachedMultipleNegativesRankingLoss) with this mini-batch, so a batch of ``batch_size`` in-batch
+    # negatives costs one mini-batch's memory and ~1.3x the compute of plain MNRL
+    mini_batch: int = 0
 
 
 # The router's encoder as shipped (training/recipes.py "encoder"): 2 epochs (DESIGN §7: 3, 6 or 10 gave the same
@@ -470,7 +473,10 @@ def train(pairs: Sequence[Pair], tools: dict[str, Tool], out: str | Path, hp: Pu
         SentenceTransformerTrainingArguments,
     )
     from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import (
+        CachedMultipleNegativesRankingLoss,
+        MultipleNegativesRankingLoss,
+    )
     from transformers import TrainerCallback, set_seed
 
     from services.common.models import resolve_embedder
@@ -499,7 +505,8 @@ def train(pairs: Sequence[Pair], tools: dict[str, Tool], out: str | Path, hp: Pu
         print(f"[public] mined a hard negative for each of {len(pairs)} pairs in {time.time() - t_mine:.0f}s",
               file=sys.stderr, flush=True)
     ds = Dataset.from_dict(columns)
-    loss = MultipleNegativesRankingLoss(model, scale=hp.scale)
+    loss = (CachedMultipleNegativesRankingLoss(model, scale=hp.scale, mini_batch_size=hp.mini_batch)
+            if hp.mini_batch > 0 else MultipleNegativesRankingLoss(model, scale=hp.scale))
     args = SentenceTransformerTrainingArguments(
         output_dir=str(ckpt_dir), num_train_epochs=hp.epochs, max_steps=hp.max_steps,
         per_device_train_batch_size=hp.batch_size, learning_rate=hp.lr, warmup_steps=hp.warmup_ratio,
@@ -552,6 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--limit-pairs", type=int, default=0, help="train on a seeded random subset of N pairs (timing)")
     ap.add_argument("--epochs", type=int, default=PublicHyperParams.epochs)
     ap.add_argument("--batch-size", type=int, default=PublicHyperParams.batch_size)
+    ap.add_argument("--lr", type=float, default=PublicHyperParams.lr)
+    ap.add_argument("--mini-batch", type=int, default=0,
+                    help="> 0: GradCache MNRL with this mini-batch (a --batch-size larger than memory allows)")
     ap.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (tests)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--public", default=str(PUBLIC_DIR), help="the public tools directory")
@@ -609,8 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.limit_pairs and a.limit_pairs < len(pairs):
         pairs = sorted(random.Random(a.seed).sample(pairs, a.limit_pairs), key=lambda p: (p.request_id, p.tool))
         print(f"[public] limited to {len(pairs)} pairs", file=sys.stderr, flush=True)
-    hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, seed=a.seed, max_steps=a.max_steps,
-                           hard_negatives=a.hard_negatives)
+    hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, max_steps=a.max_steps,
+                           hard_negatives=a.hard_negatives, mini_batch=a.mini_batch)
     meta = train(pairs, tools, a.out, hp, base=a.base, progress=not a.no_progress, resume=not a.no_resume,
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,

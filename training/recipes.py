@@ -35,7 +35,7 @@ def _encoder_params() -> dict[str, Any]:
     from training.public import ROUTER_ENCODER
 
     # a switch added off leaves the key (and so the committed model) as it was
-    hp = {k: v for k, v in asdict(ROUTER_ENCODER).items() if not (k == "hard_negatives" and not v)}
+    hp = {k: v for k, v in asdict(ROUTER_ENCODER).items() if not (k in ("hard_negatives", "mini_batch") and not v)}
     return {**hp, "with_shipped": True, "with_written": True}
 
 

