@@ -107,12 +107,13 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = DEFAULT_B
                    gates: bool = False, augment: str = str(REPO / "data/routing_augment"),
                    calibration: str = str(REPO / "data/routing_calibration"),
                    gates_root: str = str(DEFAULT_GATES_ROOT), gate_tool_text: str | None = None,
-                   plot_png: bool = True) -> dict[str, Any]:
+                   cross_encoders: Sequence[str] = (), plot_png: bool = True) -> dict[str, Any]:
     """Score each fold encoder on its held-out servers (``evals.public.evaluate``) and pool them (module
     docstring); writes ``out_json`` (+ PNG) and returns the report. ``servers``: restrict the registry (tests).
     ``gates``: add each fold's router arms (module docstring), its gate model built from ``queries``, ``augment``
     and ``calibration`` lines of the other folds' servers under ``gates_root``, keying tools by ``gate_tool_text``
-    (``GateHyperParams.tool_text``; None = the shipped gate's)."""
+    (``GateHyperParams.tool_text``; None = the shipped gate's). ``cross_encoders``: one ``training.public_ce``
+    directory per fold, trained with the same servers held out, the second stage's arms."""
     from evals.public import evaluate, plot
 
     t0 = time.time()
@@ -122,6 +123,13 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = DEFAULT_B
         if seen & set(h):
             raise ValueError(f"{f} holds out {sorted(seen & set(h))}, already another fold's")
         seen |= set(h)
+    if cross_encoders:
+        if len(cross_encoders) != len(folds):
+            raise ValueError(f"{len(cross_encoders)} cross-encoders for {len(folds)} folds: give one per fold")
+        for ce, h in zip(cross_encoders, held, strict=True):
+            ce_held = json.loads((Path(ce) / "public_ce.json").read_text()).get("holdout_servers") or ""
+            if sorted(x for x in ce_held.split(",") if x) != sorted(h):
+                raise ValueError(f"{ce} held out {ce_held or 'nothing'}, its fold {','.join(h)}")
     from training.data import load_registry
 
     registry = load_registry(tools)
@@ -138,7 +146,8 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = DEFAULT_B
                 gate_dirs.append(gate)
             runs.append(evaluate(str(f), str(Path(tmp) / f"fold{i}.json"), base=base, queries=queries, tools=tools,
                                  sizes=sizes, draws=draws, seed=seed, new_queries=new_queries, score_servers=h, servers=servers,
-                                 derived="", gate=gate, router_tag="router", plot_png=False))
+                                 derived="", gate=gate, router_tag="router", plot_png=False,
+                                 cross_encoder=cross_encoders[i] if cross_encoders else ""))
     registered = set(registry.servers())
     pooled = pool(runs)
     report = {
@@ -204,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="add the router's arms: a gate model per fold from the other folds' lines (minutes a fold)")
     ap.add_argument("--gate-tool-text", default=None, choices=sorted(KEY_TEXTS),
                     help="the text the fold gates key tools by (default: the fold encoder's own form, as the shipped gate)")
+    ap.add_argument("--cross-encoder", action="append", default=[],
+                    help="a second stage per fold, in --fold's order (training.public_ce with the same held-out servers)")
     ap.add_argument("--json", default=str(REPO / "reports/routing_public_folds.json"))
     a = ap.parse_args(argv)
     if a.split:
@@ -215,7 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from evals.public import print_arms
 
     rep = evaluate_folds(a.fold, a.json, base=a.base, queries=a.queries, tools=a.tools, sizes=a.sizes,
-                         draws=a.draws, new_queries=a.new_queries, gates=a.gates, gate_tool_text=a.gate_tool_text)
+                         draws=a.draws, new_queries=a.new_queries, gates=a.gates, gate_tool_text=a.gate_tool_text,
+                         cross_encoders=a.cross_encoder)
     print_arms(rep, a.json)
     return 0
 

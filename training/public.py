@@ -50,7 +50,7 @@ from typing import Any
 
 from services.common.embedder import DOC_VERSION, name_words, tool_doc
 from services.common.tools import Tool, parse_tool
-from training.data import load_augment
+from training.data import load_augment, load_registry
 
 log = logging.getLogger("nexus.training.public")
 
@@ -553,53 +553,29 @@ def train(pairs: Sequence[Pair], tools: dict[str, Tool], out: str | Path, hp: Pu
     return meta
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m training.public", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="output sentence-transformers directory (checkpoints under it)")
-    ap.add_argument("--limit-pairs", type=int, default=0, help="train on a seeded random subset of N pairs (timing)")
-    ap.add_argument("--epochs", type=int, default=PublicHyperParams.epochs)
-    ap.add_argument("--batch-size", type=int, default=PublicHyperParams.batch_size)
-    ap.add_argument("--lr", type=float, default=PublicHyperParams.lr)
-    ap.add_argument("--mini-batch", type=int, default=0,
-                    help="> 0: GradCache MNRL with this mini-batch (a --batch-size larger than memory allows)")
-    ap.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (tests)")
-    ap.add_argument("--seed", type=int, default=0)
+def add_data_args(ap: argparse.ArgumentParser) -> None:
+    """The training-data switches ``assemble`` reads (shared by ``training.public_ce``)."""
     ap.add_argument("--public", default=str(PUBLIC_DIR), help="the public tools directory")
     ap.add_argument("--shipped", default=str(SHIPPED_TOOLS), help="the shipped registry the filter compares with")
     ap.add_argument("--dropped", default="", help="overlap report path (default PUBLIC/dropped.json)")
-    ap.add_argument("--base", default="", help="base sentence-transformers directory ('' = the wheel's MiniLM)")
     ap.add_argument("--with-shipped", nargs="*", default=None, metavar="FILE",
                     help="also train on the shipped registry's requests (no FILE: data/queries/train.jsonl and "
                          "data/routing_augment); DESIGN §7's shipped recipe")
     ap.add_argument("--holdout-servers", default="",
                     help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
-    ap.add_argument("--derive", type=int, default=0, metavar="N",
-                    help="write derived requests for the first N Seal tools no request calls (into PUBLIC/"
-                         f"{SEAL_DERIVED}, resuming), then stop; no training")
-    ap.add_argument("--derive-model", default="", help="generator GGUF for --derive (default: the installed one)")
     ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
     ap.add_argument("--with-written", action="store_true",
                     help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
-    ap.add_argument("--hard-negatives", action="store_true",
-                    help="add one mined hard negative per pair (the base model's nearest other training tool)")
-    ap.add_argument("--no-resume", action="store_true")
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+
+def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[str, Any]]:
+    """Seal's pairs and tools, plus what ``add_data_args``' switches add; the overlap report of Seal's filter."""
     t0 = time.time()
     pairs, tools, report = training_pairs(a.public, a.shipped, a.dropped or None)
     print(f"[public] {len(pairs)} pairs over {len({p.tool for p in pairs})} tools after dropping "
           f"{report['n_dropped']} tools ({report['by']}) in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-    derived_path = Path(a.public) / SEAL_DERIVED
-    if a.derive:
-        todo = uncovered_tools(pairs, tools)
-        print(f"[public] {len(todo)} Seal tools have no request; deriving for the first {min(a.derive, len(todo))}"
-              f" into {derived_path}", file=sys.stderr, flush=True)
-        n = derive(todo[:a.derive], derived_path, a.derive_model, progress=not a.no_progress)
-        print(f"[public] {n} tools derived now", file=sys.stderr, flush=True)
-        return 0
     if a.with_derived:
-        extra = load_derived_pairs(derived_path, tools)
+        extra = load_derived_pairs(Path(a.public) / SEAL_DERIVED, tools)
         pairs = [*pairs, *extra]
         print(f"[public] + {len(extra)} derived pairs over {len({p.tool for p in extra})} tools",
               file=sys.stderr, flush=True)
@@ -612,10 +588,48 @@ def main(argv: Sequence[str] | None = None) -> int:
         held = [x for x in a.holdout_servers.split(",") if x]
         shipped = load_shipped_tools(a.shipped)
         ours = load_shipped_pairs(a.with_shipped or SHIPPED_REQUESTS, [t.name for t in shipped], held)
-        tools = {**tools, **{t.name: t for t in shipped}}
+        # a held-out server's tools stay out of the pool too (a cross-encoder's negatives are drawn from it)
+        server_of = load_registry(str(a.shipped)).server_of
+        tools = {**tools, **{t.name: t for t in shipped if server_of[t.name] not in held}}
         pairs = [*pairs, *ours]
         print(f"[public] + {len(ours)} shipped pairs over {len({p.tool for p in ours})} tools"
               f"{f' (held out: {held})' if held else ''}", file=sys.stderr, flush=True)
+    return pairs, tools, report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m training.public", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output sentence-transformers directory (checkpoints under it)")
+    ap.add_argument("--limit-pairs", type=int, default=0, help="train on a seeded random subset of N pairs (timing)")
+    ap.add_argument("--epochs", type=int, default=PublicHyperParams.epochs)
+    ap.add_argument("--batch-size", type=int, default=PublicHyperParams.batch_size)
+    ap.add_argument("--lr", type=float, default=PublicHyperParams.lr)
+    ap.add_argument("--mini-batch", type=int, default=0,
+                    help="> 0: GradCache MNRL with this mini-batch (a --batch-size larger than memory allows)")
+    ap.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (tests)")
+    ap.add_argument("--seed", type=int, default=0)
+    add_data_args(ap)
+    ap.add_argument("--base", default="", help="base sentence-transformers directory ('' = the wheel's MiniLM)")
+    ap.add_argument("--derive", type=int, default=0, metavar="N",
+                    help="write derived requests for the first N Seal tools no request calls (into PUBLIC/"
+                         f"{SEAL_DERIVED}, resuming), then stop; no training")
+    ap.add_argument("--derive-model", default="", help="generator GGUF for --derive (default: the installed one)")
+    ap.add_argument("--hard-negatives", action="store_true",
+                    help="add one mined hard negative per pair (the base model's nearest other training tool)")
+    ap.add_argument("--no-resume", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if a.derive:
+        pairs, tools, _ = training_pairs(a.public, a.shipped, a.dropped or None)
+        derived_path = Path(a.public) / SEAL_DERIVED
+        todo = uncovered_tools(pairs, tools)
+        print(f"[public] {len(todo)} Seal tools have no request; deriving for the first {min(a.derive, len(todo))}"
+              f" into {derived_path}", file=sys.stderr, flush=True)
+        n = derive(todo[:a.derive], derived_path, a.derive_model, progress=not a.no_progress)
+        print(f"[public] {n} tools derived now", file=sys.stderr, flush=True)
+        return 0
+    pairs, tools, report = assemble(a)
     if a.limit_pairs and a.limit_pairs < len(pairs):
         pairs = sorted(random.Random(a.seed).sample(pairs, a.limit_pairs), key=lambda p: (p.request_id, p.tool))
         print(f"[public] limited to {len(pairs)} pairs", file=sys.stderr, flush=True)

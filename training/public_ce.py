@@ -1,14 +1,15 @@
 """A second stage trained on the world's tools: a cross-encoder over the public encoder's candidates (issue 50, item 4).
 
     python -m training.public_ce --encoder ~/.cache/nexus/models/public_encoder \
-        --out ~/.cache/nexus/models/public_ce [--limit-pairs N]
+        --out ~/.cache/nexus/models/public_ce [--limit-pairs N] [training.public's data switches]
 
 The design card's cross-encoder reads the request with each of a few candidate tools and can tell apart siblings of
 one server, where most of the unseen protocol's errors are. It is trained here as the gate's is
 (``training.gate.train_cross_encoder``: all-MiniLM-L6-v2 weights and a new one-logit head, a listwise loss over the
-positive and hard negatives), on Seal-Tools only (the overlap filter of ``training.public``: no shipped tool, none close
-to one): each request's candidates are the public encoder's nearest tool documents (``tool_doc``) among every kept
-Seal tool; the weight ``alpha`` that fuses its logit with the encoder's cosine (``score = cosine + alpha x logit``,
+positive and hard negatives), on Seal-Tools (the overlap filter of ``training.public``: no shipped tool, none close
+to one) and whatever ``training.public``'s data switches add (``--with-written``, ``--with-shipped
+--holdout-servers``: a fold's second stage, whose held-out servers' tools are not even negatives): each request's
+candidates are the encoder's nearest tool documents (``tool_doc``) among every tool in that pool; the weight ``alpha`` that fuses its logit with the encoder's cosine (``score = cosine + alpha x logit``,
 ``services.router.gate.fuse``) is chosen on a validation split of Seal requests, never on a shipped line. Written:
 ``OUT/cross_encoder`` (sentence-transformers CrossEncoder) and ``OUT/public_ce.json`` (alpha, validation, data hash).
 The public protocol scores it with ``python -m evals.public --cross-encoder OUT``.
@@ -29,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from training.public import PUBLIC_DIR, SHIPPED_TOOLS, Pair, tool_doc, training_pairs
+from training.public import Pair, add_data_args, assemble, tool_doc
 
 RECIPE = "public-ce-listwise-v1"
 
@@ -60,7 +61,8 @@ def split(pairs: Sequence[Pair], val_fraction: float, seed: int) -> tuple[list[P
 
 
 def train(pairs: Sequence[Pair], tools: dict[str, Any], encoder: str, out: str | Path, *, epochs: int = 1,
-          val_fraction: float = 0.1, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+          val_fraction: float = 0.1, seed: int = 0, progress: bool = True,
+          extra_meta: dict[str, Any] | None = None) -> dict[str, Any]:
     from training.data import prepare_training_env
     from training.gate import Example, GateHyperParams, train_cross_encoder
 
@@ -88,7 +90,7 @@ def train(pairs: Sequence[Pair], tools: dict[str, Any], encoder: str, out: str |
             "val_ce_only_top1": report.get("val_ce_only_acc"), "by_alpha": report["by_alpha"],
             "history": report["history"], "data_hash": h.hexdigest(),
             "hp": {k: v for k, v in asdict(hp).items() if k.startswith("ce_") or k in ("seed", "alpha_grid")},
-            "mining_seconds": round(mined, 1), "seconds": round(time.time() - t0, 1)}
+            "mining_seconds": round(mined, 1), "seconds": round(time.time() - t0, 1), **(extra_meta or {})}
     (out / "public_ce.json").write_text(json.dumps(meta, indent=1) + "\n")
     return meta
 
@@ -100,16 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--limit-pairs", type=int, default=0, help="a seeded random subset of N pairs (timing)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--public", default=str(PUBLIC_DIR))
-    ap.add_argument("--shipped", default=str(SHIPPED_TOOLS))
+    add_data_args(ap)
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
-    pairs, tools, report = training_pairs(a.public, a.shipped)
+    pairs, tools, report = assemble(a)
     if a.limit_pairs and a.limit_pairs < len(pairs):
         pairs = sorted(random.Random(a.seed).sample(pairs, a.limit_pairs), key=lambda p: (p.request_id, p.tool))
-    print(f"[public_ce] {len(pairs)} pairs, {len(tools)} candidate tools ({report['n_dropped']} dropped as close to "
-          f"shipped ones)", file=sys.stderr, flush=True)
-    meta = train(pairs, tools, a.encoder, a.out, epochs=a.epochs, seed=a.seed, progress=not a.no_progress)
+    print(f"[public_ce] {len(pairs)} pairs, {len(tools)} candidate tools ({report['n_dropped']} Seal tools dropped as "
+          f"close to shipped ones)", file=sys.stderr, flush=True)
+    meta = train(pairs, tools, a.encoder, a.out, epochs=a.epochs, seed=a.seed, progress=not a.no_progress,
+                 extra_meta={"holdout_servers": a.holdout_servers, "with_shipped": a.with_shipped is not None,
+                             "with_written": a.with_written, "with_derived": a.with_derived})
     print(json.dumps({k: v for k, v in meta.items() if k not in ("history", "by_alpha")}), flush=True)
     return 0
 

@@ -158,6 +158,15 @@ def test_the_shipped_pairs_hold_out_whole_servers():
     assert held and not [p for p in held if server_of[p.tool] in ("time", "redis")]
     assert len(held) == sum(d["server"] not in ("time", "redis") for d in lines)
     assert not public.load_shipped_pairs(public.SHIPPED_REQUESTS, [])  # unknown tools are skipped
+    # the assembled pool (a cross-encoder's negatives) holds none of a held-out server's tools either
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    public.add_data_args(ap)
+    pairs, pool, _ = public.assemble(ap.parse_args(["--with-shipped", "--holdout-servers", "time,redis"]))
+    shipped_pool = {n for n in pool if n in server_of}
+    assert shipped_pool and not {n for n in shipped_pool if server_of[n] in ("time", "redis")}
+    assert {p.tool for p in pairs if p.request_id.startswith("shipped/")} <= shipped_pool
 
 
 def test_derived_requests_cover_the_seal_tools_no_request_calls(tmp_path):
@@ -364,6 +373,13 @@ def test_fold_encoders_score_only_their_unseen_servers_and_pool(tiny_encoder, tm
                                     servers=("time", "redis"))
     with pytest.raises(ValueError, match="held out no server"):
         public_folds.holdout_of(tiny_encoder[0])
+    ce = tmp_path / "ce"  # a fold's second stage must hold out the fold's servers, no more, no fewer
+    ce.mkdir()
+    (ce / "public_ce.json").write_text(json.dumps({"holdout_servers": "redis"}))
+    with pytest.raises(ValueError, match="held out redis, its fold time"):
+        public_folds.evaluate_folds([folds[0]], str(tmp_path / "h.json"), cross_encoders=[str(ce)])
+    with pytest.raises(ValueError, match="one per fold"):
+        public_folds.evaluate_folds(folds, str(tmp_path / "h.json"), cross_encoders=[str(ce)])
 
 
 def test_pooling_folds_weights_each_by_its_line_draws_and_sums_the_paired_counts():
