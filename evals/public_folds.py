@@ -160,7 +160,8 @@ def evaluate_folds(folds: Sequence[str], out_json: str, *, base: str = DEFAULT_B
                      "new_lines": sum(r["protocol"]["new_lines"] for r in runs),
                      "scored_servers": sorted(seen), "unscored_servers": sorted(registered - seen)},
         "folds": [{"encoder": str(f), "holdout_servers": h, "encoder_meta": r["encoders"]["public"],
-                   "lines": r["protocol"]["lines"], "router": (r["routers"] or [None])[0]}
+                   "lines": r["protocol"]["lines"], "router": (r["routers"] or [None])[0],
+                   **({"cross_encoder": r["cross_encoder"]} if r.get("cross_encoder") else {})}
                   for f, h, r in zip(folds, held, runs, strict=True)],
         "base": runs[0]["encoders"]["base"],
         **pooled,
