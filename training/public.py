@@ -234,14 +234,17 @@ def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPP
 
 
 def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
-                       holdout_servers: Iterable[str] = ()) -> list[Pair]:
+                       holdout_servers: Iterable[str] = (), context: bool = False) -> list[Pair]:
     """(request, tool) pairs of the shipped registry's own request files (``data/queries/train.jsonl``,
     ``data/routing_augment``: a directory means its ``*.jsonl``), for the encoder the router ships (DESIGN §7: public
     tools plus ours). Lines of ``holdout_servers`` are left out (a fold that scores those servers as unseen), and so
-    are lines whose tool is not in ``tools``."""
+    are lines whose tool is not in ``tools``. ``context``: a line with history reads as the router embeds it
+    (``services.router.context.routing_text``: the query, then its conversation window), not as the bare query."""
+    from services.router.context import routing_text
+
     known, held = set(tools), set(holdout_servers)
-    return [Pair(f"shipped/{ln.id}", ln.query, ln.tool) for f in files for ln in load_augment(f)
-            if ln.server not in held and ln.tool in known]
+    return [Pair(f"shipped/{ln.id}", routing_text(ln.query, list(ln.history)) if context else ln.query, ln.tool)
+            for f in files for ln in load_augment(f) if ln.server not in held and ln.tool in known]
 
 
 def load_shipped_tools(path: str | Path = SHIPPED_TOOLS) -> list[Tool]:
@@ -563,6 +566,8 @@ def add_data_args(ap: argparse.ArgumentParser) -> None:
                          "data/routing_augment); DESIGN §7's shipped recipe")
     ap.add_argument("--holdout-servers", default="",
                     help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
+    ap.add_argument("--with-context", action="store_true",
+                    help="read --with-shipped lines that have a history as the router embeds them (query + window)")
     ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
     ap.add_argument("--with-written", action="store_true",
                     help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
@@ -587,7 +592,8 @@ def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[s
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
         shipped = load_shipped_tools(a.shipped)
-        ours = load_shipped_pairs(a.with_shipped or SHIPPED_REQUESTS, [t.name for t in shipped], held)
+        ours = load_shipped_pairs(a.with_shipped or SHIPPED_REQUESTS, [t.name for t in shipped], held,
+                                  context=a.with_context)
         # a held-out server's tools stay out of the pool too (a cross-encoder's negatives are drawn from it)
         server_of = load_registry(str(a.shipped)).server_of
         tools = {**tools, **{t.name: t for t in shipped if server_of[t.name] not in held}}
@@ -639,7 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
                              "holdout_servers": a.holdout_servers, "with_derived": a.with_derived,
-                             **({"with_written": True} if a.with_written else {})})
+                             **({"with_written": True} if a.with_written else {}),
+                             **({"with_context": True} if a.with_context else {})})
     print(json.dumps(meta), flush=True)
     return 0
 

@@ -158,6 +158,14 @@ def test_the_shipped_pairs_hold_out_whole_servers():
     assert held and not [p for p in held if server_of[p.tool] in ("time", "redis")]
     assert len(held) == sum(d["server"] not in ("time", "redis") for d in lines)
     assert not public.load_shipped_pairs(public.SHIPPED_REQUESTS, [])  # unknown tools are skipped
+    # --with-context: a line with history reads as the router embeds it, the query first; other lines are unchanged
+    ctx = public.load_shipped_pairs(public.SHIPPED_REQUESTS, tools, holdout_servers=["time", "redis"], context=True)
+    by_id = {p.request_id: p for p in held}
+    with_history = [p for p in ctx if "\n[context] " in p.query]
+    assert len(ctx) == len(held) and len(with_history) == sum(bool(d.get("history")) for d in lines
+                                                              if d["server"] not in ("time", "redis"))
+    assert all(p.query.startswith(by_id[p.request_id].query + "\n[context] ") for p in with_history)
+    assert all(p == by_id[p.request_id] for p in ctx if p not in with_history)
     # the assembled pool (a cross-encoder's negatives) holds none of a held-out server's tools either
     import argparse
 
