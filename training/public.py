@@ -65,6 +65,7 @@ DROPPED = "dropped.json"
 SEAL_DERIVED = "seal_derived.jsonl"
 SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment")
 WRITTEN = "written"  # the written servers (module docstring, ``load_written``)
+WRITTEN_CONTEXT = "written_context"  # multi-turn requests over the written servers (``load_written_context``)
 
 OVERLAP_THRESHOLD = 0.8
 FILTER_VERSION = "public-overlap-v1"
@@ -231,6 +232,28 @@ def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPP
                            hand=WRITTEN_HAND_DROPPED if hand is None else hand, names=list(tools))
     drop = {r["tool"] for r in report["dropped"]}
     return apply_filter(pairs, drop), {k: t for k, t in tools.items() if k not in drop}, report
+
+
+def load_written_context(root: str | Path, tools: Iterable[str]) -> list[Pair]:
+    """Multi-turn requests over the written servers (``PUBLIC/written_context/<server>.json``: ``{server, requests:
+    [{tool, query, history: [{role, content}]}]}``): follow-ups that need their conversation, read as the router
+    embeds them (``routing_text``). Only requests of ``tools`` (``server/name``, those the overlap filter kept) are
+    returned; a request naming no tool of its server is an error."""
+    from services.router.context import routing_text
+
+    known = set(tools)
+    pairs: list[Pair] = []
+    for f in sorted((Path(root) / WRITTEN_CONTEXT).glob("*.json")):
+        d = json.loads(f.read_text())
+        server = d["server"]
+        own = {t["name"] for t in json.loads((Path(root) / WRITTEN / f"{server}.json").read_text())["tools"]}
+        for i, r in enumerate(d["requests"]):
+            if r["tool"] not in own:
+                raise ValueError(f"{f}: request {i} names {r['tool']!r}, not a tool of {server}")
+            if f"{server}/{r['tool']}" in known:
+                pairs.append(Pair(f"{WRITTEN_CONTEXT}/{server}/{i}", routing_text(r["query"], r["history"]),
+                                  f"{server}/{r['tool']}"))
+    return pairs
 
 
 def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
@@ -568,6 +591,8 @@ def add_data_args(ap: argparse.ArgumentParser) -> None:
                     help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
     ap.add_argument("--with-context", action="store_true",
                     help="read --with-shipped lines that have a history as the router embeds them (query + window)")
+    ap.add_argument("--with-written-context", action="store_true",
+                    help=f"with --with-written, also train on PUBLIC/{WRITTEN_CONTEXT}/*.json (follow-ups with history)")
     ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
     ap.add_argument("--with-written", action="store_true",
                     help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
@@ -589,6 +614,13 @@ def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[s
         tools, pairs = {**tools, **wtools}, [*pairs, *extra]
         print(f"[public] + {len(extra)} written pairs over {len({p.tool for p in extra})} tools "
               f"({wrep['n_dropped']} written tools dropped as close to shipped ones)", file=sys.stderr, flush=True)
+        if a.with_written_context:
+            extra = load_written_context(a.public, wtools)
+            pairs = [*pairs, *extra]
+            print(f"[public] + {len(extra)} written follow-ups (with history) over {len({p.tool for p in extra})} "
+                  f"tools", file=sys.stderr, flush=True)
+    elif a.with_written_context:
+        raise SystemExit("--with-written-context needs --with-written")
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
         shipped = load_shipped_tools(a.shipped)
@@ -646,7 +678,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
                              "holdout_servers": a.holdout_servers, "with_derived": a.with_derived,
                              **({"with_written": True} if a.with_written else {}),
-                             **({"with_context": True} if a.with_context else {})})
+                             **({"with_context": True} if a.with_context else {}),
+                             **({"with_written_context": True} if a.with_written_context else {})})
     print(json.dumps(meta), flush=True)
     return 0
 

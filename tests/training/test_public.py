@@ -117,6 +117,20 @@ def test_written_servers_load_keyed_by_server_and_pass_the_overlap_filter(tmp_pa
     assert "payments/get_current_time" not in kept_tools and len(kept) == 4
     assert {p.tool for p in kept} == {"payments/create_refund", "payments/list_users", "crm/list_users"}
     assert json.loads((tmp_path / public.WRITTEN / public.DROPPED).read_text())["key"] == report["key"]
+    # follow-ups with history (--with-written-context) read as the router embeds them; a dropped tool's go too
+    ctx = tmp_path / public.WRITTEN_CONTEXT
+    ctx.mkdir()
+    hist = [{"role": "user", "content": "refund ch_123"}, {"role": "assistant", "content": "Refunded $20."}]
+    (ctx / "payments.json").write_text(json.dumps({"server": "payments", "requests": [
+        {"tool": "list_users", "query": "and who approved it?", "history": hist},
+        {"tool": "get_current_time", "query": "and there?", "history": hist}]}))
+    follow = public.load_written_context(tmp_path, kept_tools)
+    assert [(p.tool, p.query) for p in follow] == [
+        ("payments/list_users", "and who approved it?\n[context] assistant: Refunded $20. | user: refund ch_123")]
+    (ctx / "payments.json").write_text(json.dumps({"server": "payments", "requests": [
+        {"tool": "void_charge", "query": "void it", "history": hist}]}))
+    with pytest.raises(ValueError, match="not a tool of payments"):
+        public.load_written_context(tmp_path, kept_tools)
     _server(tmp_path, "crm", [("list_users", "x")], [("delete_user", "remove Bo")])
     with pytest.raises(ValueError, match="not a tool of crm"):
         public.load_written(tmp_path)
