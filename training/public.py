@@ -50,6 +50,7 @@ from typing import Any
 
 from services.common.embedder import DOC_VERSION, name_words, tool_doc
 from services.common.tools import Tool, parse_tool
+from services.router.context import routing_text
 from training.data import load_augment, load_registry
 
 log = logging.getLogger("nexus.training.public")
@@ -239,8 +240,6 @@ def load_written_context(root: str | Path, tools: Iterable[str]) -> list[Pair]:
     [{tool, query, history: [{role, content}]}]}``): follow-ups that need their conversation, read as the router
     embeds them (``routing_text``). Only requests of ``tools`` (``server/name``, those the overlap filter kept) are
     returned; a request naming no tool of its server is an error."""
-    from services.router.context import routing_text
-
     known = set(tools)
     pairs: list[Pair] = []
     for f in sorted((Path(root) / WRITTEN_CONTEXT).glob("*.json")):
@@ -263,8 +262,6 @@ def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
     tools plus ours). Lines of ``holdout_servers`` are left out (a fold that scores those servers as unseen), and so
     are lines whose tool is not in ``tools``. ``context``: a line with history reads as the router embeds it
     (``services.router.context.routing_text``: the query, then its conversation window), not as the bare query."""
-    from services.router.context import routing_text
-
     known, held = set(tools), set(holdout_servers)
     return [Pair(f"shipped/{ln.id}", routing_text(ln.query, list(ln.history)) if context else ln.query, ln.tool)
             for f in files for ln in load_augment(f) if ln.server not in held and ln.tool in known]
