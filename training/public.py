@@ -61,9 +61,6 @@ SHIPPED_TOOLS = REPO / "data" / "mcp_tools"
 SEAL_TOOLS = "seal_tool.jsonl"
 SEAL_REQUESTS = ("seal_dev.jsonl", "seal_test_in_domain.jsonl")
 DROPPED = "dropped.json"
-# requests written by the derive generator (services/compiler/derive.py) for the kept Seal tools that no Seal request
-# calls: ``python -m training.public --derive N`` writes or completes it, ``--with-derived`` trains on it
-SEAL_DERIVED = "seal_derived.jsonl"
 SHIPPED_REQUESTS = (REPO / "data" / "queries" / "train.jsonl", REPO / "data" / "routing_augment")
 WRITTEN = "written"  # the written servers (module docstring, ``load_written``)
 WRITTEN_CONTEXT = "written_context"  # multi-turn requests over the written servers (``load_written_context``)
@@ -256,14 +253,15 @@ def load_written_context(root: str | Path, tools: Iterable[str]) -> list[Pair]:
 
 
 def load_shipped_pairs(files: Iterable[str | Path], tools: Iterable[str],
-                       holdout_servers: Iterable[str] = (), context: bool = False) -> list[Pair]:
+                       holdout_servers: Iterable[str] = ()) -> list[Pair]:
     """(request, tool) pairs of the shipped registry's own request files (``data/queries/train.jsonl``,
     ``data/routing_augment``: a directory means its ``*.jsonl``), for the encoder the router ships (DESIGN §7: public
     tools plus ours). Lines of ``holdout_servers`` are left out (a fold that scores those servers as unseen), and so
-    are lines whose tool is not in ``tools``. ``context``: a line with history reads as the router embeds it
-    (``services.router.context.routing_text``: the query, then its conversation window), not as the bare query."""
+    are lines whose tool is not in ``tools``. A line is its bare query: trained with its conversation window (as the
+    router embeds a line with history), unseen servers routed worse (docs/experiments/public_encoder.md, 11th
+    session)."""
     known, held = set(tools), set(holdout_servers)
-    return [Pair(f"shipped/{ln.id}", routing_text(ln.query, list(ln.history)) if context else ln.query, ln.tool)
+    return [Pair(f"shipped/{ln.id}", ln.query, ln.tool)
             for f in files for ln in load_augment(f) if ln.server not in held and ln.tool in known]
 
 
@@ -389,37 +387,6 @@ def training_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIP
     return kept, {t.name: t for t in public if t.name not in drop}, report
 
 
-def uncovered_tools(pairs: Sequence[Pair], tools: dict[str, Tool]) -> list[Tool]:
-    """The training tools (file order) that no pair calls: the tools derived requests are written for."""
-    covered = {p.tool for p in pairs}
-    return [t for name, t in tools.items() if name not in covered]
-
-
-def load_derived_pairs(path: str | Path, tools: dict[str, Tool]) -> list[Pair]:
-    """Pairs from a derived-requests file: each request of a tool that is still a training tool with the same schema
-    (a tool the overlap filter now drops, or whose text changed, contributes nothing)."""
-    from services.compiler.derive import read_requests_file
-
-    by_hash = {t.schema_hash: t for t in tools.values()}
-    _, rows = read_requests_file(str(path))
-    return [Pair(f"derived/{by_hash[h].name}/{i}", q, by_hash[h].name)
-            for h, reqs in rows.items() if h in by_hash for i, q in enumerate(reqs)]
-
-
-def derive(tools: Sequence[Tool], path: str | Path, model: str = "", threads: int = 2,
-           progress: bool = True) -> int:
-    """Write (or complete: the file is appended tool by tool, a killed run resumes) the derived requests of
-    ``tools``; the generator is the installed one (models/gguf.json) unless ``model`` names a GGUF."""
-    from services.common.models import resolve_generator_gguf
-    from services.compiler.derive import RequestGenerator, derive_file
-
-    gen = RequestGenerator(str(resolve_generator_gguf(model)), threads=threads)
-    try:
-        return derive_file(list(tools), str(path), gen, progress=progress)
-    finally:
-        gen.close()
-
-
 # ----------------------------------------------------------------------------------------------------- training
 
 @dataclass(frozen=True)
@@ -432,12 +399,6 @@ class PublicHyperParams:
     scale: float = 20.0  # MNRL's inverse temperature (its default)
     seed: int = 0
     max_steps: int = -1  # > 0: stop after this many optimizer steps (tests)
-    # one mined hard negative per pair (``mine_hard_negatives``): the base model's nearest other training tool,
-    # most often a sibling of the same server or field, beside the in-batch negatives
-    hard_negatives: bool = False
-    # > 0: GradCache (CachedMultipleNegativesRankingLoss) with this mini-batch, so a batch of ``batch_size`` in-batch
-    # negatives costs one mini-batch's memory and ~1.3x the compute of plain MNRL
-    mini_batch: int = 0
 
 
 # The router's encoder as shipped (training/recipes.py "encoder"): 2 epochs (DESIGN §7: 3, 6 or 10 gave the same
@@ -450,27 +411,6 @@ def data_hash(pairs: Sequence[Pair], docs: dict[str, str]) -> str:
     for p in pairs:
         h.update(json.dumps([p.request_id, p.query, p.tool, docs[p.tool]]).encode())
     return h.hexdigest()
-
-
-def mine_hard_negatives(pairs: Sequence[Pair], docs: dict[str, str], model: Any, batch_size: int = 64) -> list[str]:
-    """For each pair, the document of the training tool (``docs``: only tools that pairs call, so a held-out tool is
-    never one) nearest its request under ``model``, other than any tool the same request calls."""
-    import numpy as np
-
-    names = sorted(docs)
-    dv = model.encode([docs[n] for n in names], batch_size=batch_size, normalize_embeddings=True)
-    qv = model.encode([p.query for p in pairs], batch_size=batch_size, normalize_embeddings=True)
-    calls: dict[str, set[str]] = {}
-    for p in pairs:
-        calls.setdefault(p.request_id, set()).add(p.tool)
-    pos = {n: i for i, n in enumerate(names)}
-    sims = np.asarray(qv) @ np.asarray(dv).T
-    out = []
-    for i, p in enumerate(pairs):
-        row = sims[i].copy()
-        row[[pos[t] for t in calls[p.request_id]]] = -np.inf
-        out.append(docs[names[int(np.argmax(row))]])
-    return out
 
 
 def _last_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -496,10 +436,7 @@ def train(pairs: Sequence[Pair], tools: dict[str, Tool], out: str | Path, hp: Pu
         SentenceTransformerTrainingArguments,
     )
     from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.sentence_transformer.losses import (
-        CachedMultipleNegativesRankingLoss,
-        MultipleNegativesRankingLoss,
-    )
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback, set_seed
 
     from services.common.models import resolve_embedder
@@ -521,15 +458,8 @@ def train(pairs: Sequence[Pair], tools: dict[str, Tool], out: str | Path, hp: Pu
     set_seed(hp.seed)
     model = SentenceTransformer(str(resolve_embedder(base)), device="cpu")
     model.max_seq_length = hp.max_seq_length
-    columns = {"anchor": [p.query for p in pairs], "positive": [docs[p.tool] for p in pairs]}
-    if hp.hard_negatives:
-        t_mine = time.time()
-        columns["negative"] = mine_hard_negatives(pairs, docs, model)
-        print(f"[public] mined a hard negative for each of {len(pairs)} pairs in {time.time() - t_mine:.0f}s",
-              file=sys.stderr, flush=True)
-    ds = Dataset.from_dict(columns)
-    loss = (CachedMultipleNegativesRankingLoss(model, scale=hp.scale, mini_batch_size=hp.mini_batch)
-            if hp.mini_batch > 0 else MultipleNegativesRankingLoss(model, scale=hp.scale))
+    ds = Dataset.from_dict({"anchor": [p.query for p in pairs], "positive": [docs[p.tool] for p in pairs]})
+    loss = MultipleNegativesRankingLoss(model, scale=hp.scale)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(ckpt_dir), num_train_epochs=hp.epochs, max_steps=hp.max_steps,
         per_device_train_batch_size=hp.batch_size, learning_rate=hp.lr, warmup_steps=hp.warmup_ratio,
@@ -586,11 +516,8 @@ def add_data_args(ap: argparse.ArgumentParser) -> None:
                          "data/routing_augment); DESIGN §7's shipped recipe")
     ap.add_argument("--holdout-servers", default="",
                     help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
-    ap.add_argument("--with-context", action="store_true",
-                    help="read --with-shipped lines that have a history as the router embeds them (query + window)")
     ap.add_argument("--with-written-context", action="store_true",
                     help=f"with --with-written, also train on PUBLIC/{WRITTEN_CONTEXT}/*.json (follow-ups with history)")
-    ap.add_argument("--with-derived", action="store_true", help=f"also train on PUBLIC/{SEAL_DERIVED}")
     ap.add_argument("--with-written", action="store_true",
                     help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
 
@@ -601,11 +528,6 @@ def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[s
     pairs, tools, report = training_pairs(a.public, a.shipped, a.dropped or None)
     print(f"[public] {len(pairs)} pairs over {len({p.tool for p in pairs})} tools after dropping "
           f"{report['n_dropped']} tools ({report['by']}) in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
-    if a.with_derived:
-        extra = load_derived_pairs(Path(a.public) / SEAL_DERIVED, tools)
-        pairs = [*pairs, *extra]
-        print(f"[public] + {len(extra)} derived pairs over {len({p.tool for p in extra})} tools",
-              file=sys.stderr, flush=True)
     if a.with_written:
         extra, wtools, wrep = written_pairs(a.public, a.shipped)
         tools, pairs = {**tools, **wtools}, [*pairs, *extra]
@@ -621,8 +543,7 @@ def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[s
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
         shipped = load_shipped_tools(a.shipped)
-        ours = load_shipped_pairs(a.with_shipped or SHIPPED_REQUESTS, [t.name for t in shipped], held,
-                                  context=a.with_context)
+        ours = load_shipped_pairs(a.with_shipped or SHIPPED_REQUESTS, [t.name for t in shipped], held)
         # a held-out server's tools stay out of the pool too (a cross-encoder's negatives are drawn from it)
         server_of = load_registry(str(a.shipped)).server_of
         tools = {**tools, **{t.name: t for t in shipped if server_of[t.name] not in held}}
@@ -639,43 +560,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=PublicHyperParams.epochs)
     ap.add_argument("--batch-size", type=int, default=PublicHyperParams.batch_size)
     ap.add_argument("--lr", type=float, default=PublicHyperParams.lr)
-    ap.add_argument("--mini-batch", type=int, default=0,
-                    help="> 0: GradCache MNRL with this mini-batch (a --batch-size larger than memory allows)")
     ap.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (tests)")
     ap.add_argument("--seed", type=int, default=0)
     add_data_args(ap)
     ap.add_argument("--base", default="", help="base sentence-transformers directory ('' = the wheel's MiniLM)")
-    ap.add_argument("--derive", type=int, default=0, metavar="N",
-                    help="write derived requests for the first N Seal tools no request calls (into PUBLIC/"
-                         f"{SEAL_DERIVED}, resuming), then stop; no training")
-    ap.add_argument("--derive-model", default="", help="generator GGUF for --derive (default: the installed one)")
-    ap.add_argument("--hard-negatives", action="store_true",
-                    help="add one mined hard negative per pair (the base model's nearest other training tool)")
     ap.add_argument("--no-resume", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if a.derive:
-        pairs, tools, _ = training_pairs(a.public, a.shipped, a.dropped or None)
-        derived_path = Path(a.public) / SEAL_DERIVED
-        todo = uncovered_tools(pairs, tools)
-        print(f"[public] {len(todo)} Seal tools have no request; deriving for the first {min(a.derive, len(todo))}"
-              f" into {derived_path}", file=sys.stderr, flush=True)
-        n = derive(todo[:a.derive], derived_path, a.derive_model, progress=not a.no_progress)
-        print(f"[public] {n} tools derived now", file=sys.stderr, flush=True)
-        return 0
     pairs, tools, report = assemble(a)
     if a.limit_pairs and a.limit_pairs < len(pairs):
         pairs = sorted(random.Random(a.seed).sample(pairs, a.limit_pairs), key=lambda p: (p.request_id, p.tool))
         print(f"[public] limited to {len(pairs)} pairs", file=sys.stderr, flush=True)
-    hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, max_steps=a.max_steps,
-                           hard_negatives=a.hard_negatives, mini_batch=a.mini_batch)
+    hp = PublicHyperParams(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, max_steps=a.max_steps)
     meta = train(pairs, tools, a.out, hp, base=a.base, progress=not a.no_progress, resume=not a.no_resume,
                  extra_meta={"n_dropped_tools": report["n_dropped"], "filter_key": report["key"],
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
-                             "holdout_servers": a.holdout_servers, "with_derived": a.with_derived,
+                             "holdout_servers": a.holdout_servers,
                              **({"with_written": True} if a.with_written else {}),
-                             **({"with_context": True} if a.with_context else {}),
                              **({"with_written_context": True} if a.with_written_context else {})})
     print(json.dumps(meta), flush=True)
     return 0

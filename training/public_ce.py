@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"close to shipped ones)", file=sys.stderr, flush=True)
     meta = train(pairs, tools, a.encoder, a.out, epochs=a.epochs, seed=a.seed, progress=not a.no_progress,
                  extra_meta={"holdout_servers": a.holdout_servers, "with_shipped": a.with_shipped is not None,
-                             "with_written": a.with_written, "with_derived": a.with_derived})
+                             "with_written": a.with_written})
     print(json.dumps({k: v for k, v in meta.items() if k not in ("history", "by_alpha")}), flush=True)
     return 0
 

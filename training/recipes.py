@@ -34,9 +34,7 @@ def _encoder_params() -> dict[str, Any]:
     training.public --with-shipped --with-written``."""
     from training.public import ROUTER_ENCODER
 
-    # a switch added off leaves the key (and so the committed model) as it was
-    hp = {k: v for k, v in asdict(ROUTER_ENCODER).items() if not (k in ("hard_negatives", "mini_batch") and not v)}
-    return {**hp, "with_shipped": True, "with_written": True}
+    return {**asdict(ROUTER_ENCODER), "with_shipped": True, "with_written": True}
 
 
 def _gate_params() -> dict[str, Any]:

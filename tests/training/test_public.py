@@ -172,14 +172,9 @@ def test_the_shipped_pairs_hold_out_whole_servers():
     assert held and not [p for p in held if server_of[p.tool] in ("time", "redis")]
     assert len(held) == sum(d["server"] not in ("time", "redis") for d in lines)
     assert not public.load_shipped_pairs(public.SHIPPED_REQUESTS, [])  # unknown tools are skipped
-    # --with-context: a line with history reads as the router embeds it, the query first; other lines are unchanged
-    ctx = public.load_shipped_pairs(public.SHIPPED_REQUESTS, tools, holdout_servers=["time", "redis"], context=True)
-    by_id = {p.request_id: p for p in held}
-    with_history = [p for p in ctx if "\n[context] " in p.query]
-    assert len(ctx) == len(held) and len(with_history) == sum(bool(d.get("history")) for d in lines
-                                                              if d["server"] not in ("time", "redis"))
-    assert all(p.query.startswith(by_id[p.request_id].query + "\n[context] ") for p in with_history)
-    assert all(p == by_id[p.request_id] for p in ctx if p not in with_history)
+    # a line is its bare query, history or not
+    queries = {f"shipped/{d['id']}": d["query"] for d in lines}
+    assert all(p.query == queries[p.request_id] for p in held)
     # the assembled pool (a cross-encoder's negatives) holds none of a held-out server's tools either
     import argparse
 
@@ -189,24 +184,6 @@ def test_the_shipped_pairs_hold_out_whole_servers():
     shipped_pool = {n for n in pool if n in server_of}
     assert shipped_pool and not {n for n in shipped_pool if server_of[n] in ("time", "redis")}
     assert {p.tool for p in pairs if p.request_id.startswith("shipped/")} <= shipped_pool
-
-
-def test_derived_requests_cover_the_seal_tools_no_request_calls(tmp_path):
-    """--derive writes requests for the kept Seal tools without a request; --with-derived reads them back as pairs of
-    the tools still kept with the same schema (a changed or dropped tool contributes nothing)."""
-    pairs, tools, _ = public.training_pairs()
-    todo = public.uncovered_tools(pairs, tools)
-    covered = {p.tool for p in pairs}
-    assert todo and not covered & {t.name for t in todo} and len(todo) + len(covered) == len(tools)
-    a, b = todo[0], todo[1]
-    path = tmp_path / "derived.jsonl"
-    rows = [{"generator": {"fingerprint": "f"}}]
-    rows += [{"tool": a.name, "schema_hash": a.schema_hash, "requests": ["r1", "r2"]},
-             {"tool": b.name, "schema_hash": "not-its-hash", "requests": ["r3"]}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    got = public.load_derived_pairs(path, tools)
-    assert [(p.request_id, p.query, p.tool) for p in got] == [(f"derived/{a.name}/0", "r1", a.name),
-                                                              (f"derived/{a.name}/1", "r2", a.name)]
 
 
 def test_a_gate_on_an_encoder_is_unseen_only_where_the_encoder_never_read_a_line(tmp_path):
@@ -251,22 +228,6 @@ def test_a_twenty_pair_run_trains_one_step_checkpoints_and_resumes(tiny_encoder)
     assert v.shape == (1, 384) and abs(float(np.linalg.norm(v)) - 1) < 1e-4
     again = public.train(pairs, tools, out, public.PublicHyperParams(epochs=1, batch_size=32), progress=False)
     assert again["resumed_from"].endswith("checkpoint-1") and again["steps"] == 1
-
-
-def test_gradcache_trains_the_same_first_step_as_plain_in_batch_negatives(tmp_path):
-    """--mini-batch: GradCache over a batch of 16 in mini-batches of 4 sees the same batch, and so the first loss of
-    plain MNRL up to dropout (drawn per mini-batch); the recipe key leaves the switch out while it is off."""
-    from training import recipes
-
-    tools = {t.name: t for t in public.load_seal_tools()}
-    pairs = public.load_seal_pairs(known=set(tools))[:16]
-    plain = public.train(pairs, tools, tmp_path / "plain", public.PublicHyperParams(epochs=1, batch_size=16),
-                         progress=False)
-    cached = public.train(pairs, tools, tmp_path / "cached",
-                          public.PublicHyperParams(epochs=1, batch_size=16, mini_batch=4), progress=False)
-    assert plain["steps"] == cached["steps"] == 1 and cached["hp"]["mini_batch"] == 4
-    assert cached["train_loss"] == pytest.approx(plain["train_loss"], rel=0.25)
-    assert "mini_batch" not in recipes._encoder_params()
 
 
 def test_exemplar_keys_never_key_a_request_on_itself():
@@ -419,20 +380,3 @@ def test_pooling_folds_weights_each_by_its_line_draws_and_sums_the_paired_counts
     assert row["top1_by_fold"] == [0.6, 0.8] and row["top1_by_server"] == {"a": 0.6, "b": 0.8}
     p = out["paired"]["public dense vs base dense"]["250"]
     assert (p["fixed"], p["broken"]) == (15, 7) and 0 < p["sign_test_p"] < 1
-
-
-def test_a_hard_negative_is_the_nearest_other_tool_never_one_the_request_calls():
-    class Model:  # texts -> fixed unit vectors: what mining reads of a model
-        vec = {"q1": [1, 0, 0], "q2": [0, 1, 0], "doc a": [1, 0, 0], "doc b": [0.9, 0.1, 0], "doc c": [0.8, 0.6, 0],
-               "doc d": [0, 1, 0]}
-
-        def encode(self, texts, batch_size, normalize_embeddings):
-            v = np.array([self.vec[t] for t in texts], dtype=float)
-            return v / np.linalg.norm(v, axis=1, keepdims=True)
-
-    docs = {"a": "doc a", "b": "doc b", "c": "doc c", "d": "doc d"}
-    pairs = [public.Pair("r1", "q1", "a"), public.Pair("r1", "q1", "b"), public.Pair("r2", "q2", "d")]
-    # r1 calls a and b: neither is its negative, c (the next nearest) is; r2's nearest other tool is c too
-    assert public.mine_hard_negatives(pairs, docs, Model()) == ["doc c", "doc c", "doc c"]
-    pairs2 = [public.Pair("r1", "q1", "a"), public.Pair("r2", "q2", "d")]
-    assert public.mine_hard_negatives(pairs2, docs, Model()) == ["doc b", "doc c"]
