@@ -232,14 +232,14 @@ def written_pairs(root: str | Path = PUBLIC_DIR, shipped_dir: str | Path = SHIPP
     return apply_filter(pairs, drop), {k: t for k, t in tools.items() if k not in drop}, report
 
 
-def load_written_context(root: str | Path, tools: Iterable[str]) -> list[Pair]:
-    """Multi-turn requests over the written servers (``PUBLIC/written_context/<server>.json``: ``{server, requests:
-    [{tool, query, history: [{role, content}]}]}``): follow-ups that need their conversation, read as the router
+def load_written_context(root: str | Path, tools: Iterable[str], folder: str = WRITTEN_CONTEXT) -> list[Pair]:
+    """Multi-turn requests over the written servers (``PUBLIC/<folder>/<server>.json``: ``{server, requests:
+    [{tool, query, history: [{role, content}]}]}``): requests that come with their conversation, read as the router
     embeds them (``routing_text``). Only requests of ``tools`` (``server/name``, those the overlap filter kept) are
     returned; a request naming no tool of its server is an error."""
     known = set(tools)
     pairs: list[Pair] = []
-    for f in sorted((Path(root) / WRITTEN_CONTEXT).glob("*.json")):
+    for f in sorted((Path(root) / folder).glob("*.json")):
         d = json.loads(f.read_text())
         server = d["server"]
         own = {t["name"] for t in json.loads((Path(root) / WRITTEN / f"{server}.json").read_text())["tools"]}
@@ -247,7 +247,7 @@ def load_written_context(root: str | Path, tools: Iterable[str]) -> list[Pair]:
             if r["tool"] not in own:
                 raise ValueError(f"{f}: request {i} names {r['tool']!r}, not a tool of {server}")
             if f"{server}/{r['tool']}" in known:
-                pairs.append(Pair(f"{WRITTEN_CONTEXT}/{server}/{i}", routing_text(r["query"], r["history"]),
+                pairs.append(Pair(f"{folder}/{server}/{i}", routing_text(r["query"], r["history"]),
                                   f"{server}/{r['tool']}"))
     return pairs
 
@@ -516,8 +516,9 @@ def add_data_args(ap: argparse.ArgumentParser) -> None:
                          "data/routing_augment); DESIGN §7's shipped recipe")
     ap.add_argument("--holdout-servers", default="",
                     help="comma-separated shipped servers whose tools and requests stay out (an unseen fold)")
-    ap.add_argument("--with-written-context", action="store_true",
-                    help=f"with --with-written, also train on PUBLIC/{WRITTEN_CONTEXT}/*.json (follow-ups with history)")
+    ap.add_argument("--with-written-context", nargs="*", default=None, metavar="FOLDER",
+                    help=f"with --with-written, also train on PUBLIC/FOLDER/*.json, requests with their conversation "
+                         f"(no FOLDER: {WRITTEN_CONTEXT}, the follow-ups)")
     ap.add_argument("--with-written", action="store_true",
                     help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
 
@@ -533,12 +534,12 @@ def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[s
         tools, pairs = {**tools, **wtools}, [*pairs, *extra]
         print(f"[public] + {len(extra)} written pairs over {len({p.tool for p in extra})} tools "
               f"({wrep['n_dropped']} written tools dropped as close to shipped ones)", file=sys.stderr, flush=True)
-        if a.with_written_context:
-            extra = load_written_context(a.public, wtools)
+        for folder in (a.with_written_context or [WRITTEN_CONTEXT]) if a.with_written_context is not None else []:
+            extra = load_written_context(a.public, wtools, folder)
             pairs = [*pairs, *extra]
-            print(f"[public] + {len(extra)} written follow-ups (with history) over {len({p.tool for p in extra})} "
-                  f"tools", file=sys.stderr, flush=True)
-    elif a.with_written_context:
+            print(f"[public] + {len(extra)} written requests with history ({folder}) over "
+                  f"{len({p.tool for p in extra})} tools", file=sys.stderr, flush=True)
+    elif a.with_written_context is not None:
         raise SystemExit("--with-written-context needs --with-written")
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
@@ -578,7 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "limit_pairs": a.limit_pairs, "with_shipped": a.with_shipped is not None,
                              "holdout_servers": a.holdout_servers,
                              **({"with_written": True} if a.with_written else {}),
-                             **({"with_written_context": True} if a.with_written_context else {})})
+                             **({"with_written_context": a.with_written_context or True}
+                                if a.with_written_context is not None else {})})
     print(json.dumps(meta), flush=True)
     return 0
 

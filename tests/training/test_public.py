@@ -127,6 +127,12 @@ def test_written_servers_load_keyed_by_server_and_pass_the_overlap_filter(tmp_pa
     follow = public.load_written_context(tmp_path, kept_tools)
     assert [(p.tool, p.query) for p in follow] == [
         ("payments/list_users", "and who approved it?\n[context] assistant: Refunded $20. | user: refund ch_123")]
+    # another folder of the same form (a later round of such requests) reads alike, under its own request ids
+    (tmp_path / "round2").mkdir()
+    (tmp_path / "round2" / "payments.json").write_text((ctx / "payments.json").read_text())
+    again = public.load_written_context(tmp_path, kept_tools, "round2")
+    assert [(p.tool, p.query) for p in again] == [(p.tool, p.query) for p in follow]
+    assert [p.request_id for p in again] == ["round2/payments/0"] != [p.request_id for p in follow]
     (ctx / "payments.json").write_text(json.dumps({"server": "payments", "requests": [
         {"tool": "void_charge", "query": "void it", "history": hist}]}))
     with pytest.raises(ValueError, match="not a tool of payments"):
