@@ -21,6 +21,11 @@ tool: run from the repo root with the venv's python; nothing imports it.
     python docs/experiments/scripts/issue50_probes.py mpnet MPNET_DIR
         all-mpnet-base-v2 (the split-zip PyPI parts, joined and unzipped) beside base MiniLM: one-request encode
         latency on one thread, interleaved, and untrained top-1 on all 962 lines.
+
+12th session:
+    python docs/experiments/scripts/issue50_probes.py ctxblend FOLD_ENCODER [FOLD_ENCODER ...]
+        Lines with history (the fold's unseen servers, train.jsonl and routing_calibration): the query with its
+        window (as the router embeds it) against the bare query, and blends of the two scores; top-1 at N = all.
 """
 
 from __future__ import annotations
@@ -213,6 +218,26 @@ def mpnet(path: str) -> dict:
     return out
 
 
+def ctxblend(enc: str) -> dict:
+    from evals.public_folds import holdout_of
+    from training.data import load_augment
+
+    reg = load_registry(str(REPO / "data/mcp_tools"))
+    held, names, by = holdout_of(enc), list(reg.names), reg.by_name()
+    out = {}
+    for label, path in (("train", "data/queries/train.jsonl"), ("new", "data/routing_calibration")):
+        lines = [ln for ln in load_augment(REPO / path) if reg.server_of[ln.tool] in held and ln.history]
+        gold = np.array([names.index(ln.tool) for ln in lines])
+        v, _ = encode(enc, [*(tool_doc(by[n]) for n in names), *(routing_text(ln.query, list(ln.history))
+                                                                  for ln in lines), *(ln.query for ln in lines)])
+        d, c, q = v[: len(names)], v[len(names): len(names) + len(lines)], v[len(names) + len(lines):]
+        sc, sq = c @ d.T, q @ d.T
+        out[label] = {"lines": len(lines), "with window": top1(sc, gold), "bare query": top1(sq, gold),
+                      **{f"blend {a}": top1(a * sc + (1 - a) * sq, gold) for a in (0.25, 0.5, 0.75)},
+                      "max": top1(np.maximum(sc, sq), gold)}
+    return out
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "wise":
@@ -223,6 +248,8 @@ if __name__ == "__main__":
         print(json.dumps(llm_pick(args[0], args[1], int(args[2]), int(args[3]), *map(int, args[4:]))))
     elif cmd in ("csls", "server", "mpnet"):
         print(json.dumps({"csls": csls, "server": server, "mpnet": mpnet}[cmd](args[0])))
+    elif cmd == "ctxblend":
+        print(json.dumps({a: ctxblend(a) for a in args}, indent=1))
     elif cmd == "soup":
         print(json.dumps(soup(*args[:3])))
     else:
