@@ -523,6 +523,13 @@ def add_data_args(ap: argparse.ArgumentParser) -> None:
                     help=f"also train on PUBLIC/{WRITTEN}/*.json (servers written for this project, overlap-filtered)")
 
 
+def context_folders(a: argparse.Namespace) -> list[str]:
+    """The folders ``--with-written-context`` names: none without the switch, ``WRITTEN_CONTEXT`` when bare."""
+    if a.with_written_context is None:
+        return []
+    return a.with_written_context or [WRITTEN_CONTEXT]
+
+
 def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[str, Any]]:
     """Seal's pairs and tools, plus what ``add_data_args``' switches add; the overlap report of Seal's filter."""
     t0 = time.time()
@@ -534,12 +541,12 @@ def assemble(a: argparse.Namespace) -> tuple[list[Pair], dict[str, Tool], dict[s
         tools, pairs = {**tools, **wtools}, [*pairs, *extra]
         print(f"[public] + {len(extra)} written pairs over {len({p.tool for p in extra})} tools "
               f"({wrep['n_dropped']} written tools dropped as close to shipped ones)", file=sys.stderr, flush=True)
-        for folder in (a.with_written_context or [WRITTEN_CONTEXT]) if a.with_written_context is not None else []:
+        for folder in context_folders(a):
             extra = load_written_context(a.public, wtools, folder)
             pairs = [*pairs, *extra]
             print(f"[public] + {len(extra)} written requests with history ({folder}) over "
                   f"{len({p.tool for p in extra})} tools", file=sys.stderr, flush=True)
-    elif a.with_written_context is not None:
+    elif context_folders(a):
         raise SystemExit("--with-written-context needs --with-written")
     if a.with_shipped is not None:
         held = [x for x in a.holdout_servers.split(",") if x]
